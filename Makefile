@@ -1,0 +1,71 @@
+# hybrid-moe-kit: make lab (a twin of an EPYC node, site.yml against it), make test (everything CI runs).
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+export HMK_CACHE ?= /var/cache/hybrid-moe-kit
+export HMK_STATE ?= /var/tmp/hybrid-moe-kit
+export DOCKER_HOST := unix://$(HMK_STATE)/dockerd/docker.sock
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+DEB_PACKAGES := qemu-system-x86 qemu-utils debootstrap grub-pc-bin grub2-common e2fsprogs fdisk \
+	openssh-client docker.io python3-venv git
+LAB_ARGS ?=
+
+.PHONY: help deps venv image lab lab-down lint syntax unit molecule test test-quick bench clean
+
+help:
+	@echo "make lab         twin of an EPYC node as epyc-node + site.yml against it"
+	@echo "make lab-down    remove the twin"
+	@echo "make test        everything CI runs: lint, syntax, unit tests, every Molecule scenario"
+	@echo "make test-quick  lint, syntax, unit tests (no twins)"
+	@echo "make bench       the test bed's costs (image, boot, reboot, container, scenarios)"
+
+# Debian packages the bed needs; apt-get only when one is missing.
+deps:
+	@missing=$$(for p in $(DEB_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:" $$missing; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
+	fi
+
+# The venv is rebuilt when requirements.txt changes.
+venv: $(VENV)/.requirements.sha256
+$(VENV)/.requirements.sha256: requirements.txt
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -r requirements.txt
+	sha256sum requirements.txt > $@
+
+image: deps
+	scripts/twin image
+
+lab: deps venv image
+	scripts/twin up --name epyc-node --port 2222 $(LAB_ARGS)
+	ansible-playbook site.yml -l epyc-node
+
+lab-down:
+	scripts/twin down epyc-node
+
+lint: venv
+	yamllint --strict .
+	ansible-lint --profile production
+
+syntax: venv
+	ansible-playbook --syntax-check -i inventories/lab/hosts.yml site.yml playbooks/*.yml
+	ansible-playbook --syntax-check -i inventories/production/hosts.yml site.yml
+
+unit: venv
+	python -m pytest -q tests/unit
+
+molecule: deps venv image
+	scripts/run-molecule
+
+test-quick: lint syntax unit
+
+test: deps venv lint syntax unit molecule
+
+bench: deps venv image
+	benchmarks/bed.sh
+
+clean: lab-down
+	rm -rf .cache reports
