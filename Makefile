@@ -11,7 +11,7 @@ DEB_PACKAGES := qemu-system-x86 qemu-utils debootstrap grub-pc-bin grub2-common 
 	openssh-client docker.io python3-venv git
 LAB_ARGS ?=
 
-.PHONY: help deps venv image lab lab-down lint syntax unit molecule test test-quick bench clean
+.PHONY: help deps venv image lab lab-down lint syntax unit integration molecule test test-quick bench clean
 
 help:
 	@echo "make lab         twin of an EPYC node as epyc-node + site.yml against it"
@@ -57,12 +57,16 @@ syntax: venv
 unit: venv
 	python -m pytest -q tests/unit
 
+# The bed's own fault paths, with the real tools.
+integration: deps venv
+	python -m pytest -q tests/integration
+
 molecule: deps venv image
 	scripts/run-molecule
 
 test-quick: lint syntax unit
 
-test: deps venv lint syntax unit molecule
+test: deps venv lint syntax unit integration molecule
 
 bench: deps venv image
 	benchmarks/bed.sh

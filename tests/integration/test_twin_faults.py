@@ -1,0 +1,102 @@
+"""Faults of the test bed end in a clear error that names what to look at, and leave nothing
+half-done. These run the real tools (qemu, debootstrap, dockerd) against real failures."""
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TWIN = REPO / "scripts" / "twin"
+sys.path.insert(0, str(REPO / "tests"))
+from twin_loader import load_twin  # noqa: E402
+
+CACHE = Path(os.environ.get("HMK_CACHE", "/var/cache/hybrid-moe-kit"))
+
+
+def twin(*args, env=None, timeout=300):
+    full_env = dict(os.environ, **(env or {}))
+    return subprocess.run([sys.executable, str(TWIN), *args], capture_output=True, text=True,
+                          env=full_env, timeout=timeout, check=False)
+
+
+@pytest.fixture
+def state(tmp_path):
+    """A private state dir so these tests never touch twins that are really running."""
+    return {"HMK_STATE": str(tmp_path / "state")}
+
+
+def test_port_in_use_is_refused_before_anything_starts(state, tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = twin("up", "--kind", "vm", "--name", "fault-port", "--port", str(port), env=state)
+    assert r.returncode == 2
+    assert f"port 127.0.0.1:{port} is in use" in r.stderr
+    assert not (tmp_path / "state" / "twins" / "fault-port").exists()
+
+
+def test_too_little_disk_for_the_image(tmp_path):
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(small)], check=True)
+    try:
+        r = twin("image", env={"HMK_CACHE": str(small)})
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
+    assert r.returncode == 2
+    assert "too little disk for the image" in r.stderr
+    assert "MiB free, 4096 MiB needed" in r.stderr
+
+
+def test_failed_debootstrap_names_its_log(tmp_path):
+    cache = tmp_path / "cache"
+    # Port 9 (discard) on loopback: nothing answers, debootstrap fails at once.
+    r = twin("image", env={"HMK_CACHE": str(cache), "HMK_MIRROR": "http://127.0.0.1:9/debian"})
+    assert r.returncode == 2
+    assert "image build failed; log:" in r.stderr
+    log = Path(r.stderr.split("image build failed; log:")[1].split()[0])
+    assert log.exists()
+    assert "debootstrap failed" in r.stdout + r.stderr
+    assert not list(cache.glob("images/*/base.qcow2"))
+
+
+def test_vm_that_never_answers_ssh_names_its_serial_log(state, tmp_path):
+    # 3 s is far too short for any boot: the wait must give up, say where the boot log is,
+    # keep that log, and take the VM down (no qemu left behind).
+    r = twin("up", "--kind", "vm", "--name", "fault-ssh", "--port", "2390", "--wait", "3", env=state)
+    assert r.returncode == 2
+    assert "did not answer SSH on 127.0.0.1:2390 within 3 s" in r.stderr
+    assert "software emulation" in r.stderr or "accelerator: KVM" in r.stderr
+    log = tmp_path / "state" / "failed" / "fault-ssh.log"
+    assert f"boot log: {log}" in r.stderr
+    assert log.exists()
+    assert not (tmp_path / "state" / "twins" / "fault-ssh").exists()
+    ps = subprocess.run(["pgrep", "-f", "qemu-system-x86_64 -name fault-ssh"], capture_output=True, check=False)
+    assert ps.returncode == 1
+
+
+def test_dockerd_that_will_not_start_shows_its_log(state, tmp_path):
+    env = dict(state, HMK_CACHE=str(tmp_path / "cache"), HMK_DOCKERD_ARGS="--no-such-flag")
+    r = twin("dockerd", "start", env=env, timeout=120)
+    assert r.returncode == 2
+    assert "dockerd did not start; log:" in r.stderr
+    assert "unknown flag: --no-such-flag" in r.stderr
+
+
+def test_no_kvm_falls_back_to_tcg_with_a_warning(monkeypatch):
+    twin_mod = load_twin()
+    monkeypatch.setattr(twin_mod, "Path", _FakeCpuinfoPath)
+    assert twin_mod.kvm_usable() is False
+
+
+class _FakeCpuinfoPath(type(Path())):
+    """A /proc/cpuinfo without vmx/svm, as on these nested hosts."""
+
+    def read_text(self, *args, **kwargs):
+        if str(self) == "/proc/cpuinfo":
+            return "processor\t: 0\nflags\t\t: fpu sse sse2 avx2 hypervisor\n"
+        return super().read_text(*args, **kwargs)

@@ -1,0 +1,98 @@
+"""The twin CLI's hardware translation: what QEMU is asked for is what the guest will report."""
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from twin_loader import load_twin  # noqa: E402
+
+twin = load_twin()
+
+
+def parse_type17(blob: bytes) -> dict:
+    """Decode the fields dmidecode prints from one SMBIOS type 17 structure."""
+    (t, length, _handle, _array, _err, _tw, _dw, size, _ff, _set, _dl, _bl, mtype, _detail,
+     speed, _m, _s, _a, _p, _rank, ext, conf_speed, *_volts) = struct.unpack_from(
+        "<BBHHHHHHBBBBBHHBBBBBIHHHH", blob)
+    strings = blob[length:].split(b"\0")
+    return {"type": t, "length": length, "size_mb": ext if size == 0x7FFF else size,
+            "mem_type": mtype, "speed": speed, "configured_speed": conf_speed,
+            "locator": strings[0].decode(), "manufacturer": strings[2].decode()}
+
+
+def test_smbios_eight_of_twelve_ddr5(tmp_path):
+    args = twin.smbios_tables(tmp_path, populated=8, slots=12, size_gb=32, speed=5600, ddr="DDR5")
+    files = [a.split("=", 1)[1] for a in args if a.startswith("file=")]
+    assert len(files) == 13  # one type 16 + twelve type 17
+    t16 = Path(files[0]).read_bytes()
+    assert t16[0] == 16 and t16[1] == 23
+    assert struct.unpack_from("<H", t16, 13)[0] == 12  # number of memory devices
+    devices = [parse_type17(Path(f).read_bytes()) for f in files[1:]]
+    populated = [d for d in devices if d["size_mb"]]
+    assert len(populated) == 8
+    assert {d["size_mb"] for d in populated} == {32768}
+    assert {d["speed"] for d in populated} == {5600}
+    assert {d["configured_speed"] for d in populated} == {5600}
+    assert {d["mem_type"] for d in populated} == {0x22}
+    empty = devices[8:]
+    assert all(d["size_mb"] == 0 and d["manufacturer"] == "NO DIMM" for d in empty)
+    assert len({d["locator"] for d in devices}) == 12  # one channel per slot
+
+
+def test_smbios_large_dimm_uses_extended_size(tmp_path):
+    args = twin.smbios_tables(tmp_path, populated=1, slots=1, size_gb=64, speed=3200, ddr="DDR4")
+    dev = parse_type17(Path(args[-1].split("=", 1)[1]).read_bytes())
+    assert dev["size_mb"] == 65536
+    assert dev["mem_type"] == 0x1A
+
+
+@pytest.mark.parametrize("spec,expected", [("12/12", (12, 12)), ("8/12", (8, 12)), ("0/8", (0, 8))])
+def test_parse_dimms(spec, expected):
+    assert twin.parse_dimms(spec) == expected
+
+
+@pytest.mark.parametrize("spec", ["12", "13/12", "a/b", "8/0", "8/100"])
+def test_parse_dimms_rejects(spec):
+    with pytest.raises(twin.TwinError, match="--dimms"):
+        twin.parse_dimms(spec)
+
+
+def test_topology_smt_and_numa():
+    args = twin.cpu_topology(cpus=4, threads=2, numa=2, memory_mb=2048)
+    assert args[:4] == ["-smp", "4,sockets=1,cores=2,threads=2", "-m", "2048"]
+    joined = " ".join(args)
+    assert "node,nodeid=0,cpus=0-1,memdev=m0" in joined
+    assert "node,nodeid=1,cpus=2-3,memdev=m1" in joined
+    assert "memory-backend-ram,id=m1,size=1024M" in joined
+    assert "dist,src=0,dst=1,val=12" in joined
+
+
+def test_topology_single_node_has_no_numa_args():
+    args = twin.cpu_topology(cpus=2, threads=1, numa=1, memory_mb=1024)
+    assert "-numa" not in args
+
+
+@pytest.mark.parametrize("cpus,threads,numa,mem,match", [
+    (3, 2, 1, 2048, "multiple of --threads-per-core"),
+    (4, 1, 3, 3072, "must divide"),
+    (4, 2, 4, 2048, "must divide"),   # 4 nodes of one thread each would split cores
+    (4, 1, 4, 512, "256 MiB"),
+])
+def test_topology_rejects(cpus, threads, numa, mem, match):
+    with pytest.raises(twin.TwinError, match=match):
+        twin.cpu_topology(cpus=cpus, threads=threads, numa=numa, memory_mb=mem)
+
+
+def test_twin_names_are_checked():
+    with pytest.raises(twin.TwinError, match="twin name"):
+        twin.twin_dir("../etc")
+
+
+def test_image_key_follows_the_build_script(monkeypatch, tmp_path):
+    monkeypatch.setattr(twin, "KEY", tmp_path / "keys" / "id_ed25519")
+    first = twin.image_key()
+    assert twin.image_key() == first
+    monkeypatch.setattr(twin, "SUITE", "trixie")
+    assert twin.image_key() != first
