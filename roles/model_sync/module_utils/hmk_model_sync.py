@@ -1,0 +1,654 @@
+# -*- coding: utf-8 -*-
+"""Model sync logic for hybrid-moe-kit: GGUF metadata reader, catalog rules, free-space arithmetic and
+the resumable, verified fetch. Pure Python 3 standard library, so the node needs no extra packages and
+the unit tests import it without Ansible.
+
+Transfers are done by curl (HTTP/HTTPS, ranged resume) and rsync (SSH, --append-verify); this module
+only orchestrates them, hashes the bytes while they stream into `<name>.partial`, validates the GGUF
+header, and publishes by atomic rename. A bad file never replaces a good one: it goes to quarantine.
+"""
+from __future__ import absolute_import, division, print_function
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+__metaclass__ = type
+
+CHUNK = 4 * 1024 * 1024
+GGUF_MAGIC = b"GGUF"
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+
+# GGUF value types (ggml's gguf.h): code -> (struct format, size); 8 is string, 9 is array.
+_SCALARS = {0: ("B", 1), 1: ("b", 1), 2: ("H", 2), 3: ("h", 2), 4: ("I", 4), 5: ("i", 4),
+            6: ("f", 4), 7: ("?", 1), 10: ("Q", 8), 11: ("q", 8), 12: ("d", 8)}
+_STRING, _ARRAY = 8, 9
+
+
+class GGUFError(Exception):
+    """The file is not a GGUF file this reader understands (bad magic, version or truncated)."""
+
+
+class SyncError(Exception):
+    """A failure the operator must act on; the message says what and where."""
+
+
+# --------------------------------------------------------------------------------------------- GGUF
+
+class _Reader:
+    def __init__(self, handle, endian):
+        self.handle, self.endian = handle, endian
+
+    def take(self, size):
+        data = self.handle.read(size)
+        if len(data) != size:
+            raise GGUFError("truncated GGUF header at byte %d" % self.handle.tell())
+        return data
+
+    def scalar(self, fmt, size):
+        return struct.unpack(self.endian + fmt, self.take(size))[0]
+
+    def string(self):
+        length = self.scalar("Q", 8)
+        if length > 1 << 30:
+            raise GGUFError("implausible string length %d at byte %d" % (length, self.handle.tell()))
+        return self.take(length).decode("utf-8", errors="replace")
+
+    def value(self, vtype, array_limit):
+        if vtype in _SCALARS:
+            return self.scalar(*_SCALARS[vtype])
+        if vtype == _STRING:
+            return self.string()
+        if vtype == _ARRAY:
+            etype = self.scalar("I", 4)
+            count = self.scalar("Q", 8)
+            keep = array_limit is None or count <= array_limit
+            if etype in _SCALARS and not keep:
+                fmt, size = _SCALARS[etype]
+                self.handle.seek(count * size, os.SEEK_CUR)
+                return {"type": "array", "length": count}
+            items = [self.value(etype, array_limit) for _ in range(count)]
+            return items if keep else {"type": "array", "length": count}
+        raise GGUFError("unknown GGUF value type %d at byte %d" % (vtype, self.handle.tell()))
+
+
+def read_gguf_metadata(path, array_limit=64):
+    """Header and key/value metadata of a GGUF file (tensor data is not read).
+
+    Arrays longer than `array_limit` (e.g. the token list) come back as {"type": "array", "length": n};
+    `array_limit=None` keeps them all. Returns {"version", "tensor_count", "kv_count", "metadata"}.
+    """
+    with open(path, "rb") as handle:
+        magic = handle.read(4)
+        if magic != GGUF_MAGIC:
+            raise GGUFError("%s is not a GGUF file (magic %r)" % (path, magic))
+        raw_version = handle.read(4)
+        if len(raw_version) != 4:
+            raise GGUFError("%s is truncated in its header" % path)
+        version = struct.unpack("<I", raw_version)[0]
+        endian = "<"
+        if version & 0xFFFF == 0:  # a big-endian file read as little-endian
+            endian, version = ">", struct.unpack(">I", raw_version)[0]
+        if version not in (2, 3):
+            raise GGUFError("%s has GGUF version %d; this reader knows 2 and 3" % (path, version))
+        reader = _Reader(handle, endian)
+        tensor_count = reader.scalar("Q", 8)
+        kv_count = reader.scalar("Q", 8)
+        metadata = {}
+        for _ in range(kv_count):
+            key = reader.string()
+            metadata[key] = reader.value(reader.scalar("I", 4), array_limit)
+    return {"version": version, "tensor_count": tensor_count, "kv_count": kv_count, "metadata": metadata}
+
+
+# What a catalog's `gguf:` block may say, and where GGUF keeps it ({arch} is general.architecture).
+GGUF_EXPECT_KEYS = {
+    "architecture": "general.architecture",
+    "block_count": "{arch}.block_count",
+    "expert_count": "{arch}.expert_count",
+    "expert_used_count": "{arch}.expert_used_count",
+    "expert_shared_count": "{arch}.expert_shared_count",
+    "leading_dense_block_count": "{arch}.leading_dense_block_count",
+    "context_length": "{arch}.context_length",
+    "rope_freq_base": "{arch}.rope.freq_base",
+    "rope_dimension_count": "{arch}.rope.dimension_count",
+    "rope_scaling_type": "{arch}.rope.scaling.type",
+    "rope_scaling_factor": "{arch}.rope.scaling.factor",
+    "rope_scaling_original_context_length": "{arch}.rope.scaling.original_context_length",
+    "kv_lora_rank": "{arch}.attention.kv_lora_rank",
+}
+
+
+def _same(expected, observed):
+    if isinstance(expected, float) or isinstance(observed, float):
+        try:
+            return abs(float(expected) - float(observed)) <= 1e-6 * max(1.0, abs(float(expected)))
+        except (TypeError, ValueError):
+            return False
+    return expected == observed
+
+
+def check_gguf(meta, expect, split_index, split_count):
+    """Problems (a list of sentences) between one file's metadata and the catalog's `gguf:` block.
+
+    Every split carries split.no/split.count; the model's own keys live in the first split only,
+    as llama.cpp's gguf-split and gguf-py write them.
+    """
+    problems = []
+    kv = meta["metadata"]
+    if split_count > 1:
+        if kv.get("split.count") != split_count:
+            problems.append("split.count is %s, the catalog says %d" % (kv.get("split.count"), split_count))
+        if kv.get("split.no") != split_index:
+            problems.append("split.no is %s, expected %d for this file" % (kv.get("split.no"), split_index))
+    elif "split.count" in kv and kv["split.count"] != 1:
+        problems.append("split.count is %s, the catalog lists one file" % kv["split.count"])
+    if split_index != 0:
+        return problems
+    arch = kv.get("general.architecture")
+    for name, wanted in sorted((expect or {}).items()):
+        if name == "split_count" or wanted is None:
+            continue
+        key = GGUF_EXPECT_KEYS[name].format(arch=arch)
+        if key not in kv:
+            problems.append("%s is missing (the catalog expects %r)" % (key, wanted))
+        elif not _same(wanted, kv[key]):
+            problems.append("%s is %r, the catalog expects %r" % (key, kv[key], wanted))
+    return problems
+
+
+# ------------------------------------------------------------------------------------------ catalog
+
+def validate_catalog(catalog, selected, require_hashes=True):
+    """Problems with the catalog entries of the selected models, as sentences naming model and file."""
+    problems = []
+    for model in selected:
+        entry = catalog.get(model)
+        if not isinstance(entry, dict):
+            problems.append("model %r is not in the catalog (known: %s)" % (model, ", ".join(sorted(catalog))))
+            continue
+        files = entry.get("files") or []
+        if not files:
+            problems.append("model %r lists no files" % model)
+        gguf_files = [f for f in files if str(f.get("name", "")).endswith(".gguf")]
+        split_count = (entry.get("gguf") or {}).get("split_count")
+        if split_count is not None and split_count != len(gguf_files):
+            problems.append("model %r: gguf.split_count is %s but %d .gguf files are listed"
+                            % (model, split_count, len(gguf_files)))
+        unknown = sorted(set(entry.get("gguf") or {}) - set(GGUF_EXPECT_KEYS) - {"split_count"})
+        if unknown:
+            problems.append("model %r: unknown gguf keys %s" % (model, ", ".join(unknown)))
+        names = set()
+        for item in files + list(entry.get("hf_files") or []):
+            name = item.get("name")
+            if not name or "/" in name or name.startswith("."):
+                problems.append("model %r: file name %r must be a plain file name" % (model, name))
+                continue
+            if name in names:
+                problems.append("model %r: file %s is listed twice" % (model, name))
+            names.add(name)
+            if not require_hashes:
+                continue
+            if not SHA256_RE.match(str(item.get("sha256") or "")):
+                problems.append("model %r: file %s has no sha256 (64 lowercase hex digits) in the catalog; fill it "
+                                "from the publisher's manifest (e.g. the LFS sha256 on the file's Hugging Face page)"
+                                % (model, name))
+            size = item.get("size")
+            if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+                problems.append("model %r: file %s has no size in bytes in the catalog; fill it from the publisher's "
+                                "manifest" % (model, name))
+    return problems
+
+
+# ---------------------------------------------------------------------------------------- free space
+
+def existing_ancestor(path):
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    return path
+
+
+def free_bytes(path):
+    stat = os.statvfs(existing_ancestor(path))
+    return stat.f_bavail * stat.f_frsize
+
+
+def missing_bytes(size, partial_size):
+    """Bytes still to fetch for one file: a partial longer than the file counts for nothing."""
+    if partial_size > size:
+        return size
+    return size - partial_size
+
+
+def space_problem(path, needed, free, margin):
+    """None when `needed` bytes plus `margin` fit in `free`, else the sentence to fail with."""
+    if needed == 0 or needed + margin <= free:
+        return None
+    gib = float(1 << 30)
+    return ("not enough free space at %s: the missing files need %d bytes (%.2f GiB) plus a margin of %d bytes "
+            "(%.2f GiB) = %d bytes, and %d bytes (%.2f GiB) are free; free %d bytes or lower "
+            "model_sync_free_space_margin_gb" % (path, needed, needed / gib, margin, margin / gib, needed + margin,
+                                                  free, free / gib, needed + margin - free))
+
+
+# -------------------------------------------------------------------------------------------- hashing
+
+def sha256_file(path, limit=None):
+    digest = hashlib.sha256()
+    remaining = limit
+    with open(path, "rb") as handle:
+        while remaining is None or remaining > 0:
+            block = handle.read(CHUNK if remaining is None else min(CHUNK, remaining))
+            if not block:
+                break
+            digest.update(block)
+            if remaining is not None:
+                remaining -= len(block)
+    return digest
+
+
+def read_stamp(path):
+    try:
+        with open(path) as handle:
+            return json.load(handle)
+    except (IOError, OSError, ValueError):
+        return None
+
+
+def stamp_matches(stamp, stat, sha256):
+    return (isinstance(stamp, dict) and stamp.get("sha256") == sha256 and stamp.get("size") == stat.st_size
+            and stamp.get("mtime_ns") == stat.st_mtime_ns)
+
+
+# ------------------------------------------------------------------------------------------- transfer
+
+class ProgressLog:
+    """Appends progress lines to a log file the operator can `tail -f` during a long sync."""
+
+    def __init__(self, path, model, interval):
+        self.path, self.model, self.interval = path, model, interval
+        self.lock = threading.Lock()
+        self.active = {}
+        self.stop = threading.Event()
+        self.thread = None
+
+    def line(self, text):
+        if not self.path:
+            return
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        with self.lock:
+            with open(self.path, "a") as handle:
+                handle.write("%s %s %s\n" % (stamp, self.model, text))
+
+    def track(self, name, partial, size):
+        with self.lock:
+            self.active[name] = (partial, size, time.time(), _size_of(partial))
+
+    def untrack(self, name):
+        with self.lock:
+            self.active.pop(name, None)
+
+    def _report(self):
+        with self.lock:
+            active = dict(self.active)
+        for name, (partial, size, started, first) in sorted(active.items()):
+            done = _size_of(partial)
+            elapsed = max(time.time() - started, 1e-3)
+            rate = max(done - first, 0) / elapsed
+            eta = "%dm%02ds" % divmod(int((size - done) / rate), 60) if rate > 0 else "unknown"
+            self.line("%s: %d/%d bytes (%.1f%%) at %.1f MB/s, ETA %s"
+                      % (name, done, size, 100.0 * done / max(size, 1), rate / 1e6, eta))
+
+    def _run(self):
+        while not self.stop.wait(self.interval):
+            self._report()
+
+    def __enter__(self):
+        if self.path and self.interval > 0:
+            self.thread = threading.Thread(target=self._run)
+            self.thread.daemon = True
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        if self.thread:
+            self.thread.join()
+
+
+def _size_of(path):
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
+def _stream_into(reader, handle, digest):
+    copied = 0
+    while True:
+        block = reader.read(CHUNK)
+        if not block:
+            return copied
+        handle.write(block)
+        digest.update(block)
+        copied += len(block)
+
+
+def _widen_pipe(stream):
+    """A 1 MiB pipe (Linux) instead of 64 KiB: fewer, larger reads while curl streams gigabytes through us."""
+    try:
+        import fcntl
+        fcntl.fcntl(stream.fileno(), getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
+    except (ImportError, OSError):
+        pass
+
+
+def curl_command(url, offset, follow_redirects, connect_timeout=30, stall_seconds=120):
+    """curl's argv for one ranged GET to stdout; the URL and any token come on stdin (see curl_config)."""
+    # --noproxy: offline by design, the only host contacted is the one in the URL (no proxy from the environment).
+    argv = ["curl", "--fail", "--silent", "--show-error", "--proto", "=http,https", "--noproxy", "*", "--location",
+            "--max-redirs", "5" if follow_redirects else "0", "--connect-timeout", str(connect_timeout),
+            "--speed-limit", "1024", "--speed-time", str(stall_seconds), "--output", "-", "--config", "-"]
+    if follow_redirects:
+        argv[argv.index("--location"):argv.index("--location")] = ["--proto-redir", "=https"]
+    if offset:
+        argv += ["--continue-at", str(offset)]
+    return argv
+
+
+def curl_config(url, token):
+    """A curl config read from stdin: keeps the bearer token out of the process list."""
+    def quote(value):
+        return '"%s"' % value.replace("\\", "\\\\").replace('"', '\\"')
+    lines = ["url = %s" % quote(url)]
+    if token:
+        lines.append("header = %s" % quote("Authorization: Bearer " + token))
+    return ("\n".join(lines) + "\n").encode()
+
+
+class Source:
+    """Where the bytes come from: http (curl), rsync (rsync over SSH) or local (a path, e.g. NFS)."""
+
+    def __init__(self, kind, location, token=None, follow_redirects=False, ssh_options=None, retries=3,
+                 retry_delay=5.0, stall_seconds=120):
+        self.kind, self.location, self.token = kind, location.rstrip("/"), token
+        self.follow_redirects, self.ssh_options = follow_redirects, list(ssh_options or [])
+        self.retries, self.retry_delay, self.stall_seconds = retries, retry_delay, stall_seconds
+
+    def describe(self, relpath):
+        return "%s/%s" % (self.location, relpath)
+
+    def fetch(self, relpath, partial, size, digest):
+        """Append the missing bytes of `relpath` to `partial`, updating `digest` where bytes stream through us.
+
+        `digest` covers the bytes already in `partial` on entry. Returns (digest or None, bytes received);
+        None means the bytes did not pass through this process (rsync) and the caller hashes the file.
+        """
+        if self.kind == "http":
+            return self._http(relpath, partial, size, digest)
+        if self.kind == "local":
+            return self._local(relpath, partial, size, digest)
+        return self._rsync(relpath, partial)
+
+    def _http(self, relpath, partial, size, digest):
+        received, attempt, last_error = 0, 0, ""
+        while True:
+            offset = _size_of(partial)
+            if offset >= size:
+                return digest, received
+            proc = subprocess.Popen(curl_command(self.describe(relpath), offset, self.follow_redirects,
+                                                 stall_seconds=self.stall_seconds),
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            proc.stdin.write(curl_config(self.describe(relpath), self.token))
+            proc.stdin.close()
+            _widen_pipe(proc.stdout)
+            with open(partial, "ab") as handle:
+                received += _stream_into(proc.stdout, handle, digest)
+                handle.flush()
+                os.fsync(handle.fileno())
+            error = proc.stderr.read().decode("utf-8", "replace").strip()
+            if proc.wait() == 0:
+                return digest, received
+            last_error = "curl exit %d: %s" % (proc.returncode, error)
+            if attempt >= self.retries:
+                raise SyncError("%s: %s (after %d attempts; %d bytes kept in %s, the next run resumes there)"
+                                % (self.describe(relpath), last_error, attempt + 1, _size_of(partial), partial))
+            attempt += 1
+            time.sleep(min(self.retry_delay * attempt, 60))
+
+    def _local(self, relpath, partial, size, digest):
+        source = os.path.join(self.location, relpath)
+        offset = _size_of(partial)
+        try:
+            with open(source, "rb") as reader, open(partial, "ab") as handle:
+                reader.seek(offset)
+                received = _stream_into(reader, handle, digest)
+                handle.flush()
+                os.fsync(handle.fileno())
+        except (IOError, OSError) as exc:
+            raise SyncError("%s: %s (%d bytes kept in %s)" % (source, exc, _size_of(partial), partial))
+        return digest, received
+
+    def _rsync(self, relpath, partial):
+        before = _size_of(partial)
+        ssh = " ".join(["ssh", "-o", "BatchMode=yes"] + self.ssh_options)
+        argv = ["rsync", "--append-verify", "--timeout=%d" % self.stall_seconds, "--rsh", ssh,
+                self.describe(relpath), partial]
+        for attempt in range(self.retries + 1):
+            proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            if proc.returncode == 0:
+                return None, max(_size_of(partial) - before, 0)
+            error = proc.stderr.decode("utf-8", "replace").strip()
+            if attempt < self.retries:
+                time.sleep(min(self.retry_delay * (attempt + 1), 60))
+        raise SyncError("%s: rsync exit %d: %s (%d bytes kept in %s, the next run resumes there)"
+                        % (self.describe(relpath), proc.returncode, error, _size_of(partial), partial))
+
+
+class Syncer:
+    """Plans and runs the sync of one model directory."""
+
+    def __init__(self, model, dest, state_dir, quarantine_dir, files, source, gguf_expect=None, parallel=2,
+                 rehash=False, margin=0, log=None, owner=None, group=None, mode=0o644, check_mode=False):
+        self.model, self.dest, self.files, self.source = model, dest, files, source
+        self.state_dir = os.path.join(state_dir, model)
+        self.quarantine_dir = os.path.join(quarantine_dir, model)
+        self.gguf_expect, self.parallel, self.rehash, self.margin = gguf_expect or {}, parallel, rehash, margin
+        self.log = log or ProgressLog(None, model, 0)
+        self.owner, self.group, self.mode, self.check_mode = owner, group, mode, check_mode
+        self.gguf_names = [f["name"] for f in files if f["name"].endswith(".gguf")]
+
+    def _paths(self, name):
+        return (os.path.join(self.dest, name), os.path.join(self.dest, name + ".partial"),
+                os.path.join(self.state_dir, name + ".json"))
+
+    # ---- planning
+
+    def plan(self):
+        """One entry per file: action ok | stamp (verified copy, stamp to write) | fetch, with the bytes missing."""
+        plan = []
+        for item in self.files:
+            final, partial, stamp_path = self._paths(item["name"])
+            entry = {"name": item["name"], "size": item["size"], "sha256": item["sha256"], "missing": 0,
+                     "partial": _size_of(partial), "action": "fetch", "reason": "absent"}
+            if os.path.isfile(final):
+                stat = os.stat(final)
+                if stat.st_size != item["size"]:
+                    entry["reason"] = "published copy is %d bytes, the catalog says %d" % (stat.st_size, item["size"])
+                elif not self.rehash and stamp_matches(read_stamp(stamp_path), stat, item["sha256"]):
+                    entry.update(action="ok", reason="stamp matches size, mtime and sha256")
+                else:
+                    observed = sha256_file(final).hexdigest()
+                    if observed == item["sha256"]:
+                        matches = stamp_matches(read_stamp(stamp_path), stat, item["sha256"])
+                        entry.update(action="ok" if matches else "stamp", reason="sha256 verified")
+                    else:
+                        entry["reason"] = "published copy has sha256 %s, the catalog says %s" % (observed,
+                                                                                                 item["sha256"])
+            if entry["action"] == "fetch":
+                entry["missing"] = missing_bytes(item["size"], entry["partial"])
+            plan.append(entry)
+        return plan
+
+    # ---- running
+
+    def run(self):
+        plan = self.plan()
+        fetch = [e for e in plan if e["action"] == "fetch"]
+        needed = sum(e["missing"] for e in fetch)
+        free = free_bytes(self.dest)
+        result = {"plan": plan, "bytes_needed": needed, "free_bytes": free, "fetched": [], "bytes_received": 0,
+                  "changed": False, "errors": [], "quarantined": []}
+        problem = space_problem(existing_ancestor(self.dest), needed, free, self.margin)
+        if problem:
+            raise SyncError(problem)
+        todo = [e for e in plan if e["action"] != "ok"]
+        if not todo:
+            result["changed"] = self._fix_modes(apply=not self.check_mode)
+            return result
+        result["changed"] = True
+        if self.check_mode:
+            return result
+        for path in (self.dest, self.state_dir):
+            if not os.path.isdir(path):
+                os.makedirs(path, 0o755)
+        for entry in todo:
+            if entry["action"] == "stamp":
+                self._write_stamp(entry["name"], entry["sha256"])
+        if fetch:
+            self.log.line("sync of %d file(s), %d bytes missing, %d bytes free at %s, from %s"
+                          % (len(fetch), needed, free, self.dest, self.source.location))
+            with self.log, ThreadPoolExecutor(max_workers=max(1, self.parallel)) as pool:
+                outcomes = list(pool.map(self._fetch_one, fetch))
+            for entry, (received, error, bad) in zip(fetch, outcomes):
+                result["bytes_received"] += received
+                if error:
+                    result["errors"].append(error)
+                else:
+                    result["fetched"].append(entry["name"])
+                if bad:
+                    result["quarantined"].append(bad)
+        self._fix_modes(apply=True)
+        return result
+
+    def _fetch_one(self, entry):
+        """(bytes received, error sentence or None, quarantined path or None) for one file."""
+        name, size, wanted = entry["name"], entry["size"], entry["sha256"]
+        final, partial, _ = self._paths(name)
+        item = next(f for f in self.files if f["name"] == name)
+        relpath = item.get("source") or name
+        outcome = {"received": 0, "bad": None}
+        try:
+            self._fetch_verify_publish(name, size, wanted, final, partial, relpath, outcome)
+        except SyncError as exc:
+            self.log.line("ERROR %s" % exc)
+            return outcome["received"], str(exc), outcome["bad"]
+        except (IOError, OSError) as exc:
+            self.log.line("ERROR %s: %s" % (name, exc))
+            return outcome["received"], "%s: %s" % (name, exc), outcome["bad"]
+        return outcome["received"], None, None
+
+    def _fetch_verify_publish(self, name, size, wanted, final, partial, relpath, outcome):
+        if _size_of(partial) > size:
+            self.log.line("%s: partial is longer than the file (%d > %d bytes), starting over"
+                          % (name, _size_of(partial), size))
+            os.unlink(partial)
+        digest = hashlib.sha256()
+        if os.path.exists(partial):
+            self.log.line("%s: resuming at byte %d of %d (hashing the partial first)" % (name, _size_of(partial), size))
+            digest = sha256_file(partial)
+        else:
+            self.log.line("%s: fetching %d bytes from %s" % (name, size, self.source.describe(relpath)))
+        self.log.track(name, partial, size)
+        try:
+            digest, outcome["received"] = self.source.fetch(relpath, partial, size, digest)
+        finally:
+            self.log.untrack(name)
+        observed = (digest or sha256_file(partial)).hexdigest()
+        got = _size_of(partial)
+        if got != size or observed != wanted:
+            outcome["bad"] = self._quarantine(partial, name)
+            raise SyncError("%s failed verification: expected sha256 %s (%d bytes), got sha256 %s (%d bytes) from %s; "
+                            "the download was moved to %s and the published copy, if any, is untouched"
+                            % (name, wanted, size, observed, got, self.source.describe(relpath), outcome["bad"]))
+        if name.endswith(".gguf"):
+            problems = self._gguf_problems(partial, name)
+            if problems:
+                outcome["bad"] = self._quarantine(partial, name)
+                raise SyncError("%s has the catalog's sha256 but its GGUF metadata disagrees with the catalog: %s; "
+                                "moved to %s, fix the catalog entry" % (name, "; ".join(problems), outcome["bad"]))
+        self._publish(partial, final, name, wanted)
+        self.log.line("%s: verified (sha256 %s) and published" % (name, wanted))
+
+    def _gguf_problems(self, path, name):
+        try:
+            meta = read_gguf_metadata(path)
+        except GGUFError as exc:
+            return [str(exc)]
+        return check_gguf(meta, self.gguf_expect, self.gguf_names.index(name), len(self.gguf_names))
+
+    def _quarantine(self, partial, name):
+        if not os.path.isdir(self.quarantine_dir):
+            os.makedirs(self.quarantine_dir, 0o700)
+        bad = os.path.join(self.quarantine_dir, "%s.%s.bad" % (name, time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())))
+        try:
+            os.rename(partial, bad)
+        except OSError:
+            shutil.move(partial, bad)
+        return bad
+
+    def _publish(self, partial, final, name, sha256):
+        self._own(partial)
+        os.replace(partial, final)
+        directory = os.open(self.dest, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+        self._write_stamp(name, sha256)
+
+    def _write_stamp(self, name, sha256):
+        final, _, stamp_path = self._paths(name)
+        stat = os.stat(final)
+        temporary = stamp_path + ".tmp"
+        with open(temporary, "w") as handle:
+            json.dump({"sha256": sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+                       "verified_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, handle)
+        os.replace(temporary, stamp_path)
+
+    def _own(self, path):
+        """Set owner, group and mode; True when something had to change."""
+        stat = os.stat(path)
+        changed = False
+        uid = stat.st_uid if self.owner is None else self.owner
+        gid = stat.st_gid if self.group is None else self.group
+        if (stat.st_uid, stat.st_gid) != (uid, gid):
+            os.chown(path, uid, gid)
+            changed = True
+        if stat.st_mode & 0o7777 != self.mode:
+            os.chmod(path, self.mode)
+            changed = True
+        return changed
+
+    def _fix_modes(self, apply):
+        changed = False
+        for item in self.files:
+            final = os.path.join(self.dest, item["name"])
+            if not os.path.isfile(final):
+                continue
+            if apply:
+                changed = self._own(final) or changed
+            else:
+                stat = os.stat(final)
+                changed = changed or stat.st_mode & 0o7777 != self.mode or \
+                    (self.owner is not None and stat.st_uid != self.owner) or \
+                    (self.group is not None and stat.st_gid != self.group)
+        return changed

@@ -1,0 +1,371 @@
+"""model_sync's Python core: the GGUF reader (against gguf-py's GGUFReader), the catalog rules, the free-space
+arithmetic, and the resumable, verified fetch run for real (curl against a ranged HTTP server on 127.0.0.1,
+a local source, rsync when installed)."""
+import hashlib
+import os
+import shutil
+import struct
+
+import pytest
+from gguf import GGUFReader
+
+from conftest_model_sync import RangedServer, catalog, generate, load_module_utils
+
+hmk = load_module_utils()
+MODEL = "tiny-qwen3moe"
+
+
+def sha256(path):
+    return hashlib.sha256(open(path, "rb").read()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """A model store with the catalog's tiny models, generated as the catalog says."""
+    root = tmp_path_factory.mktemp("store")
+    for name, entry in catalog().items():
+        if "generator" in entry:
+            out = root / entry["source_dir"]
+            out.mkdir()
+            generate(str(out), entry["generator"], name)
+    return root
+
+
+def entry_files(name=MODEL):
+    entry = catalog()[name]
+    return [dict(f) for f in entry["files"] + entry.get("hf_files", [])]
+
+
+def syncer(dest_root, source, files=None, model=MODEL, **kw):
+    entry = catalog()[model]
+    log = hmk.ProgressLog(str(dest_root / "sync.log"), model, 0)
+    return hmk.Syncer(model, str(dest_root / model), str(dest_root / ".hmk-sync"), str(dest_root / ".quarantine"),
+                      files or entry_files(model), source, gguf_expect=entry["gguf"], log=log, **kw)
+
+
+def http(server, model=MODEL, **kw):
+    kw.setdefault("retries", 0)
+    kw.setdefault("retry_delay", 0.01)
+    return hmk.Source("http", server.url + "/" + catalog()[model]["source_dir"], **kw)
+
+
+# ------------------------------------------------------------------------------------------- GGUF reader
+
+@pytest.mark.parametrize("model", ["tiny-qwen3moe", "tiny-deepseek2"])
+def test_reader_matches_gguf_py_on_every_key(store, model):
+    entry = catalog()[model]
+    for item in entry["files"]:
+        path = str(store / entry["source_dir"] / item["name"])
+        ours = hmk.read_gguf_metadata(path, array_limit=None)
+        theirs = GGUFReader(path)
+        assert ours["tensor_count"] == len(theirs.tensors)
+        fields = {k: v for k, v in theirs.fields.items() if not k.startswith("GGUF.")}
+        assert set(ours["metadata"]) == set(fields)
+        for key, field in fields.items():
+            expected = field.contents()
+            if isinstance(expected, float):
+                assert ours["metadata"][key] == pytest.approx(expected), key
+            elif isinstance(expected, list) and expected and isinstance(expected[0], float):
+                assert ours["metadata"][key] == pytest.approx(expected), key
+            else:
+                assert ours["metadata"][key] == expected, key
+
+
+def test_reader_summarises_long_arrays_and_keeps_scalars(store):
+    path = str(store / "tiny-qwen3moe" / "tiny-qwen3moe-00001-of-00003.gguf")
+    meta = hmk.read_gguf_metadata(path)
+    assert meta["metadata"]["tokenizer.ggml.tokens"] == {"type": "array", "length": 512}
+    assert meta["metadata"]["general.architecture"] == "qwen3moe"
+    assert meta["metadata"]["qwen3moe.expert_count"] == 16
+    assert meta["version"] == 3
+
+
+def test_reader_rejects_non_gguf_and_truncated_files(tmp_path, store):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"<html>not found</html>")
+    with pytest.raises(hmk.GGUFError, match="not a GGUF file"):
+        hmk.read_gguf_metadata(str(bad))
+    src = store / "tiny-qwen3moe" / "tiny-qwen3moe-00001-of-00003.gguf"
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(src.read_bytes()[:2000])
+    with pytest.raises(hmk.GGUFError, match="truncated"):
+        hmk.read_gguf_metadata(str(cut))
+
+
+def test_reader_handles_big_endian_headers(tmp_path):
+    def s(text):
+        return struct.pack(">Q", len(text)) + text.encode()
+    body = b"GGUF" + struct.pack(">IQQ", 3, 0, 2)
+    body += s("general.architecture") + struct.pack(">I", 8) + s("qwen3moe")
+    body += s("qwen3moe.expert_count") + struct.pack(">II", 4, 128)
+    path = tmp_path / "be.gguf"
+    path.write_bytes(body)
+    meta = hmk.read_gguf_metadata(str(path))
+    assert meta["metadata"] == {"general.architecture": "qwen3moe", "qwen3moe.expert_count": 128}
+
+
+def test_check_gguf_accepts_the_catalog_and_names_each_mismatch(store):
+    entry = catalog()["tiny-deepseek2"]
+    names = [f["name"] for f in entry["files"]]
+    metas = [hmk.read_gguf_metadata(str(store / "tiny-deepseek2" / n)) for n in names]
+    assert [hmk.check_gguf(m, entry["gguf"], i, 2) for i, m in enumerate(metas)] == [[], []]
+    wrong = dict(entry["gguf"], expert_count=256, rope_freq_base=50000.0, rope_scaling_type="yarn")
+    problems = hmk.check_gguf(metas[0], wrong, 0, 2)
+    assert "deepseek2.expert_count is 16, the catalog expects 256" in problems
+    assert any(p.startswith("deepseek2.rope.freq_base is 10000.0") for p in problems)
+    assert "deepseek2.rope.scaling.type is missing (the catalog expects 'yarn')" in problems
+    assert hmk.check_gguf(metas[1], entry["gguf"], 0, 2)[0] == "split.no is 1, expected 0 for this file"
+    assert "split.count is 2, the catalog says 3" in hmk.check_gguf(metas[0], entry["gguf"], 0, 3)
+
+
+# ---------------------------------------------------------------------------------------------- catalog
+
+def test_catalog_tiny_models_are_complete_and_big_ones_demand_hashes():
+    cat = catalog()
+    assert hmk.validate_catalog(cat, ["tiny-qwen3moe", "tiny-deepseek2"]) == []
+    problems = hmk.validate_catalog(cat, ["qwen3-235b-a22b-q4_k_m"])
+    assert any("Qwen3-235B-A22B-Q4_K_M-00001-of-00005.gguf has no sha256" in p and "manifest" in p for p in problems)
+    assert any("tokenizer.json has no size" in p for p in problems)
+    assert hmk.validate_catalog(cat, ["qwen3-235b-a22b-q4_k_m"], require_hashes=False) == []
+
+
+def test_catalog_real_models_carry_their_layout():
+    cat = catalog()
+    r1 = cat["deepseek-r1-671b-q4_k_m"]
+    assert r1["gguf"]["split_count"] == len(r1["files"]) == 9
+    assert r1["files"][0]["name"] == "DeepSeek-R1-Q4_K_M-00001-of-00009.gguf"
+    assert (r1["gguf"]["architecture"], r1["gguf"]["expert_count"], r1["gguf"]["block_count"]) == ("deepseek2", 256, 61)
+    assert cat["deepseek-r1-671b-iq4_xs"]["gguf"]["split_count"] == 10
+    assert cat["qwen3-235b-a22b-q4_k_m"]["gguf"]["architecture"] == "qwen3moe"
+    for entry in cat.values():
+        names = {f["name"] for f in entry.get("hf_files", [])}
+        assert {"config.json", "generation_config.json", "tokenizer_config.json"} <= names
+
+
+def test_catalog_rules_catch_unknown_models_duplicates_and_split_counts():
+    cat = catalog()
+    assert "is not in the catalog" in hmk.validate_catalog(cat, ["nope"])[0]
+    broken = {"m": {"gguf": {"split_count": 2, "experts": 3},
+                    "files": [{"name": "a.gguf", "size": 1, "sha256": "0" * 64},
+                              {"name": "a.gguf", "size": 1, "sha256": "0" * 64},
+                              {"name": "../x", "size": 1, "sha256": "0" * 64}]}}
+    problems = " | ".join(hmk.validate_catalog(broken, ["m"]))
+    assert "unknown gguf keys experts" in problems
+    assert "a.gguf is listed twice" in problems
+    assert "'../x' must be a plain file name" in problems
+    short = {"m": {"gguf": {"split_count": 3}, "files": [{"name": "a.gguf", "size": 1, "sha256": "0" * 64}]}}
+    assert hmk.validate_catalog(short, ["m"]) == ["model 'm': gguf.split_count is 3 but 1 .gguf files are listed"]
+
+
+# ------------------------------------------------------------------------------------------- free space
+
+def test_missing_bytes_counts_only_what_a_usable_partial_lacks():
+    assert hmk.missing_bytes(100, 0) == 100
+    assert hmk.missing_bytes(100, 40) == 60
+    assert hmk.missing_bytes(100, 100) == 0
+    assert hmk.missing_bytes(100, 150) == 100
+
+
+def test_space_problem_names_needed_free_and_path():
+    gib = 1 << 30
+    assert hmk.space_problem("/srv/models", 10 * gib, 30 * gib, 10 * gib) is None
+    assert hmk.space_problem("/srv/models", 0, 0, 10 * gib) is None
+    msg = hmk.space_problem("/srv/models", 20 * gib, 25 * gib, 10 * gib)
+    assert msg.startswith("not enough free space at /srv/models")
+    assert "%d bytes (20.00 GiB)" % (20 * gib) in msg and "%d bytes (25.00 GiB) are free" % (25 * gib) in msg
+    assert "= %d bytes" % (30 * gib) in msg
+
+
+def test_free_bytes_measures_the_nearest_existing_directory(tmp_path):
+    stat = os.statvfs(str(tmp_path))
+    assert abs(hmk.free_bytes(str(tmp_path / "a" / "b")) - stat.f_bavail * stat.f_frsize) < 64 << 20
+
+
+# ------------------------------------------------------------------------------------ fetch over HTTP
+
+def test_fresh_sync_publishes_verified_files_and_a_rerun_fetches_nothing(store, tmp_path):
+    with RangedServer(str(store), str(tmp_path)) as server:
+        result = syncer(tmp_path, http(server)).run()
+        assert result["changed"] and result["errors"] == []
+        for item in entry_files():
+            published = tmp_path / MODEL / item["name"]
+            assert sha256(str(published)) == item["sha256"]
+            assert oct(published.stat().st_mode & 0o777) == "0o644"
+            assert (tmp_path / ".hmk-sync" / MODEL / (item["name"] + ".json")).exists()
+            assert not (tmp_path / MODEL / (item["name"] + ".partial")).exists()
+        total = sum(f["size"] for f in entry_files())
+        assert server.bytes_served() == total == result["bytes_received"]
+
+        again = syncer(tmp_path, http(server)).run()
+        assert not again["changed"] and again["bytes_needed"] == 0
+        assert {e["action"] for e in again["plan"]} == {"ok"}
+        assert server.bytes_served() == total
+    log = (tmp_path / "sync.log").read_text()
+    assert "verified (sha256 %s) and published" % entry_files()[0]["sha256"] in log
+
+
+def test_check_mode_reports_the_missing_bytes_and_writes_nothing(store, tmp_path):
+    with RangedServer(str(store), str(tmp_path)) as server:
+        result = syncer(tmp_path, http(server), check_mode=True).run()
+        assert result["changed"] and result["bytes_needed"] == sum(f["size"] for f in entry_files())
+        assert server.bytes_served() == 0
+    assert not (tmp_path / MODEL).exists()
+
+
+def test_a_transfer_killed_half_way_resumes_and_fetches_only_the_rest(store, tmp_path):
+    name = "tiny-qwen3moe-00003-of-00003.gguf"
+    path = "/tiny-qwen3moe/" + name
+    size = next(f["size"] for f in entry_files() if f["name"] == name)
+    with RangedServer(str(store), str(tmp_path)) as server:
+        server.die_after(path, size // 2)
+        first = syncer(tmp_path, http(server)).run()
+        assert len(first["errors"]) == 1 and name in first["errors"][0] and "curl exit 18" in first["errors"][0]
+        assert (tmp_path / MODEL / (name + ".partial")).stat().st_size == size // 2
+        assert not (tmp_path / MODEL / name).exists()
+
+        second = syncer(tmp_path, http(server)).run()
+        assert second["errors"] == [] and second["fetched"] == [name]
+        assert [e["partial"] for e in second["plan"] if e["name"] == name] == [size // 2]
+        assert server.bytes_served(path) == size
+        assert server.served()[path]["ranges"] == ["0-", "%d-" % (size // 2)]
+    assert sha256(str(tmp_path / MODEL / name)) == next(f["sha256"] for f in entry_files() if f["name"] == name)
+    assert "resuming at byte %d" % (size // 2) in (tmp_path / "sync.log").read_text()
+
+
+def test_a_cut_transfer_is_retried_within_the_run_from_where_it_stopped(store, tmp_path):
+    name = "tiny-qwen3moe-00001-of-00003.gguf"
+    path = "/tiny-qwen3moe/" + name
+    size = next(f["size"] for f in entry_files() if f["name"] == name)
+    with RangedServer(str(store), str(tmp_path)) as server:
+        server.die_after(path, 1000000)
+        result = syncer(tmp_path, http(server, retries=2)).run()
+        assert result["errors"] == []
+        assert server.bytes_served(path) == size and server.served()[path]["requests"] == 2
+
+
+def test_a_corrupt_download_is_quarantined_and_the_good_copy_stays(store, tmp_path):
+    with RangedServer(str(store), str(tmp_path)) as server:
+        assert syncer(tmp_path, http(server)).run()["errors"] == []
+        name = "tiny-qwen3moe-00002-of-00003.gguf"
+        published = tmp_path / MODEL / name
+        before = sha256(str(published))
+        mirror = tmp_path / "mirror" / "tiny-qwen3moe"
+        shutil.copytree(str(store / "tiny-qwen3moe"), str(mirror))
+        data = bytearray((mirror / name).read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        (mirror / name).write_bytes(bytes(data))
+        corrupt_sha = hashlib.sha256(bytes(data)).hexdigest()
+        files = entry_files()
+        wanted = "ab" * 32  # "upstream published a new version", which the mirror serves corrupted
+        for item in files:
+            if item["name"] == name:
+                item["sha256"] = wanted
+        source = hmk.Source("http", server.url + "/mirror/tiny-qwen3moe", retries=0)
+    with RangedServer(str(tmp_path), str(tmp_path / "mirror")) as mirror_server:
+        source.location = mirror_server.url + "/mirror/tiny-qwen3moe"
+        result = syncer(tmp_path, source, files=files).run()
+    assert len(result["errors"]) == 1
+    error = result["errors"][0]
+    assert name in error and wanted in error and corrupt_sha in error
+    assert sha256(str(published)) == before
+    bad = result["quarantined"][0]
+    assert os.path.dirname(bad) == str(tmp_path / ".quarantine" / MODEL) and sha256(bad) == corrupt_sha
+    assert not (tmp_path / MODEL / (name + ".partial")).exists()
+
+
+def test_gguf_metadata_that_disagrees_with_the_catalog_is_not_published(store, tmp_path):
+    entry = catalog()[MODEL]
+    with RangedServer(str(store), str(tmp_path)) as server:
+        log = hmk.ProgressLog(None, MODEL, 0)
+        sync = hmk.Syncer(MODEL, str(tmp_path / MODEL), str(tmp_path / "s"), str(tmp_path / "q"), entry_files(),
+                          http(server), gguf_expect=dict(entry["gguf"], expert_count=128), log=log)
+        result = sync.run()
+    assert len(result["errors"]) == 1
+    assert "qwen3moe.expert_count is 16, the catalog expects 128" in result["errors"][0]
+    assert not (tmp_path / MODEL / entry["files"][0]["name"]).exists()
+    assert (tmp_path / MODEL / entry["files"][1]["name"]).exists()
+
+
+def test_not_enough_space_fails_before_the_first_byte(store, tmp_path):
+    with RangedServer(str(store), str(tmp_path)) as server:
+        sync = syncer(tmp_path, http(server), margin=1 << 60)
+        with pytest.raises(hmk.SyncError, match="not enough free space at %s" % tmp_path):
+            sync.run()
+        assert server.served() == {}
+
+
+def test_the_bearer_token_is_sent_on_stdin_and_never_on_the_command_line(store, tmp_path):
+    argv = hmk.curl_command("http://store/x", 10, False)
+    assert "--continue-at" in argv and "10" in argv and not any("Bearer" in a for a in argv)
+    assert b'header = "Authorization: Bearer s3cr\\"t"' in hmk.curl_config("http://store/x", 's3cr"t')
+    with RangedServer(str(store), str(tmp_path), token="s3cret") as server:
+        refused = syncer(tmp_path / "a", http(server, token="wrong")).run()
+        assert refused["errors"] and "401" in refused["errors"][0]
+        accepted = syncer(tmp_path / "b", http(server, token="s3cret")).run()
+        assert accepted["errors"] == []
+
+
+def test_redirects_are_refused_unless_allowed():
+    argv = hmk.curl_command("http://store/x", 0, False)
+    assert argv[argv.index("--max-redirs") + 1] == "0"
+    allowed = hmk.curl_command("http://store/x", 0, True)
+    assert allowed[allowed.index("--max-redirs") + 1] == "5" and "=https" in allowed
+    assert argv[argv.index("--noproxy") + 1] == "*" and argv[argv.index("--proto") + 1] == "=http,https"
+
+
+# ----------------------------------------------------------------------------- stamps, rehash, partials
+
+def test_the_stamp_is_trusted_until_rehash_is_asked(store, tmp_path):
+    source = hmk.Source("local", str(store / "tiny-qwen3moe"))
+    assert syncer(tmp_path, source).run()["errors"] == []
+    name = "tiny-qwen3moe-00003-of-00003.gguf"
+    published = tmp_path / MODEL / name
+    stat = published.stat()
+    data = bytearray(published.read_bytes())
+    data[100] ^= 1
+    os.chmod(str(published), 0o644)
+    published.write_bytes(bytes(data))
+    os.utime(str(published), ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert not syncer(tmp_path, source).run()["changed"]
+    healed = syncer(tmp_path, source, rehash=True).run()
+    assert healed["fetched"] == [name] and healed["errors"] == []
+    assert sha256(str(published)) == next(f["sha256"] for f in entry_files() if f["name"] == name)
+
+
+def test_an_adopted_copy_is_verified_once_then_trusted(store, tmp_path):
+    (tmp_path / MODEL).mkdir()
+    for item in entry_files():
+        shutil.copy(str(store / "tiny-qwen3moe" / item["name"]), str(tmp_path / MODEL / item["name"]))
+    source = hmk.Source("local", str(tmp_path / "nowhere"))
+    first = syncer(tmp_path, source).run()
+    assert first["changed"] and first["fetched"] == [] and {e["action"] for e in first["plan"]} == {"stamp"}
+    assert not syncer(tmp_path, source).run()["changed"]
+
+
+def test_a_partial_longer_than_the_file_is_started_over(store, tmp_path):
+    name = "tiny-qwen3moe-00001-of-00003.gguf"
+    (tmp_path / MODEL).mkdir()
+    (tmp_path / MODEL / (name + ".partial")).write_bytes(b"x" * 5000000)
+    result = syncer(tmp_path, hmk.Source("local", str(store / "tiny-qwen3moe"))).run()
+    assert result["errors"] == []
+    assert sha256(str(tmp_path / MODEL / name)) == entry_files()[0]["sha256"]
+
+
+def test_a_local_source_resumes_a_partial_copy(store, tmp_path):
+    name = "tiny-qwen3moe-00002-of-00003.gguf"
+    (tmp_path / MODEL).mkdir()
+    head = (store / "tiny-qwen3moe" / name).read_bytes()[:123457]
+    (tmp_path / MODEL / (name + ".partial")).write_bytes(head)
+    result = syncer(tmp_path, hmk.Source("local", str(store / "tiny-qwen3moe"))).run()
+    assert result["errors"] == []
+    size = next(f["size"] for f in entry_files() if f["name"] == name)
+    assert next(e for e in result["plan"] if e["name"] == name)["missing"] == size - 123457
+
+
+def test_rsync_appends_to_a_partial_and_the_result_is_hashed(store, tmp_path):
+    name = "tiny-qwen3moe-00002-of-00003.gguf"
+    (tmp_path / MODEL).mkdir()
+    (tmp_path / MODEL / (name + ".partial")).write_bytes((store / "tiny-qwen3moe" / name).read_bytes()[:99999])
+    result = syncer(tmp_path, hmk.Source("rsync", str(store / "tiny-qwen3moe"))).run()
+    assert result["errors"] == []
+    assert sha256(str(tmp_path / MODEL / name)) == entry_files()[1]["sha256"]
