@@ -11,7 +11,7 @@ DEB_PACKAGES := qemu-system-x86 qemu-utils debootstrap grub-pc-bin grub2-common 
 	openssh-client docker.io python3-venv git rsync curl
 LAB_ARGS ?=
 
-.PHONY: help deps venv image lab lab-down lint syntax unit integration molecule test test-quick bench clean
+.PHONY: help deps venv image lab lab-down lint syntax unit integration cuda-sample molecule test test-quick bench clean
 
 help:
 	@echo "make lab         twin of an EPYC node as epyc-node + site.yml against it"
@@ -64,12 +64,19 @@ integration: deps venv
 molecule: deps venv image
 	scripts/run-molecule
 
+# The CUDA path of the engine build: configure ik_llama.cpp with CUDA 13.0 (+ cuBLAS and cmake
+# from PyPI, pinned by hash) through the role's own flag derivation, compile a few CUDA objects.
+cuda-sample: venv
+	tests/cuda/configure-and-compile-sample.sh
+
 test-quick: lint syntax unit
 
-test: deps venv lint syntax unit integration molecule
+test: deps venv lint syntax unit integration cuda-sample molecule
 
 bench: deps venv image
 	benchmarks/bed.sh
+	python benchmarks/model_sync.py
+	benchmarks/engine_build.sh
 
 clean: lab-down
 	rm -rf .cache reports

@@ -1,0 +1,397 @@
+# -*- coding: utf-8 -*-
+"""Service knowledge of the inference_service role, as plain functions with unit tests.
+
+What the role decides lives here, not in Jinja: the launch flags per engine (only flags the pinned
+engine version accepts), the expert placement plan (which MoE layers' routed experts fit on which
+GPU, the rest in DRAM) and the -ot rules it renders, the KV cache size, the arguments file the
+unit's wrapper reads (so no regex ever passes through systemd's quoting), the readiness timeout and
+the thread count. tests/unit/test_inference_service.py imports this file directly.
+"""
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import hashlib
+import json
+import re
+
+try:
+    from ansible.errors import AnsibleFilterError
+except ImportError:  # imported without Ansible (unit tests in a bare interpreter)
+    AnsibleFilterError = ValueError
+
+GIB = 1024 ** 3
+GB = 1000 ** 3
+
+# Bytes per element of the KV cache types llama.cpp / ik_llama.cpp offer (block size / type size).
+KV_TYPE_BYTES = {
+    "f32": 4.0, "f16": 2.0, "bf16": 2.0,
+    "q8_0": 34.0 / 32, "q6_0": 26.0 / 32, "q5_0": 22.0 / 32, "q5_1": 24.0 / 32,
+    "q4_0": 18.0 / 32, "q4_1": 20.0 / 32, "iq4_nl": 18.0 / 32,
+}
+# Architectures with DeepSeek's multi-head latent attention (-mla applies to these only).
+MLA_ARCHS = ("deepseek2",)
+# Flags every llama-server since the kit's oldest supported commit (2025-04) parses; the flags that
+# changed between commits come from llama_build's per-version table (llama_build_engine_flags).
+LLAMA_STABLE_FLAGS = ("-m", "--port", "-b", "--api-key-file", "--alias", "-np")
+
+
+def _fail(msg):
+    raise AnsibleFilterError(msg)
+
+
+# ------------------------------------------------------------------------------------ the engine's flags
+
+def accepted_flags(flag_set):
+    """{flag: smoke-check argument or None} of a llama_build_engine_flags entry, or of a list of names."""
+    if isinstance(flag_set, dict):
+        items = flag_set.get("accepted", []) or []
+    else:
+        items = flag_set or []
+    out = {}
+    for item in items:
+        if isinstance(item, dict):
+            out[str(item["flag"])] = None if item.get("arg") is None else str(item["arg"])
+        else:
+            out[str(item)] = None
+    return out
+
+
+def engine_flag_set(table, engine, commit_date):
+    """The entry of llama_build_engine_flags that covers the running build's commit date."""
+    commit_date = str(commit_date or "")[:10]
+    matches = [entry for entry in (table or {}).get(engine, []) or []
+               if str(entry.get("since") or "0000-00-00") <= commit_date < str(entry.get("until") or "9999-99-99")]
+    if len(matches) != 1:
+        _fail("llama_build_engine_flags has %d entries for %s at commit date %s (need exactly one)"
+              % (len(matches), engine, commit_date or "?"))
+    return matches[0]
+
+
+def _fa_args(accepted):
+    """Flash attention in the form the engine version takes: `-fa on`, bare `-fa`, or nothing (default on)."""
+    if "-fa" not in accepted:
+        return []
+    value = accepted["-fa"]
+    if value is None and "-fmoe" not in accepted:
+        value = "on"  # names only (no table): -fa took a value from the commit that dropped -fmoe on
+    return ["-fa"] + ([value] if value else [])
+
+
+def llama_argv(opts):
+    """llama-server arguments (without the binary) for ik_llama.cpp or mainline llama.cpp.
+
+    opts: engine, accepted (table entry or flag names), model, arch, host, port, threads, ngl, ctx,
+    batch, ubatch, ctk, ctv, amb, ot (list of REGEX=BUFFER rules, first match wins), numa_nodes,
+    metrics, alias, parallel, api_key_file, extra (list).
+    """
+    engine = opts.get("engine", "ik_llama.cpp")
+    if engine not in ("ik_llama.cpp", "llama.cpp"):
+        _fail("llama_argv renders ik_llama.cpp or llama.cpp, not %r" % engine)
+    accepted = accepted_flags(opts.get("accepted"))
+    if not accepted:
+        _fail("no accepted-flag data for %s: the build record or llama_build_engine_flags is missing" % engine)
+
+    def need(flag):
+        if flag not in accepted and flag not in LLAMA_STABLE_FLAGS:
+            _fail("%s at this commit does not accept %s, which the service needs; fix llama_build_engine_flags "
+                  "or move the pin" % (engine, flag))
+        return flag
+
+    argv = [need("-m"), str(opts["model"])]
+    argv += [need("--host"), str(opts.get("host", "127.0.0.1")), need("--port"), str(opts.get("port", 8080))]
+    argv += [need("-t"), str(int(opts["threads"]))]
+    argv += [need("-ngl"), str(int(opts.get("ngl", 99)))]
+    argv += [need("-c"), str(int(opts.get("ctx", 32768)))]
+    argv += [need("-b"), str(int(opts.get("batch", 2048)))]
+    if "-ub" in accepted:
+        argv += ["-ub", str(int(opts.get("ubatch", 2048)))]
+    argv += [need("-ctk"), str(opts.get("ctk", "q8_0")), need("-ctv"), str(opts.get("ctv", "q8_0"))]
+    argv += _fa_args(accepted)
+    if "-fmoe" in accepted:  # only commits before 2025-10-25 have (and need) the switch
+        argv.append("-fmoe")
+    if opts.get("arch") in MLA_ARCHS and "-mla" in accepted:
+        argv += ["-mla", "3"]
+        if int(opts.get("amb") or 0) > 0 and "-amb" in accepted:
+            argv += ["-amb", str(int(opts["amb"]))]
+    for rule in opts.get("ot") or []:
+        argv += [need("-ot"), str(rule)]
+    if int(opts.get("numa_nodes") or 1) > 1:
+        argv += [need("--numa"), "distribute"]
+    if opts.get("metrics", True):
+        argv.append(need("--metrics"))
+    if opts.get("alias"):
+        argv += ["--alias", str(opts["alias"])]
+    if int(opts.get("parallel") or 0) > 0:
+        argv += ["-np", str(int(opts["parallel"]))]
+    if opts.get("api_key_file"):
+        argv += ["--api-key-file", str(opts["api_key_file"])]
+    extra = [str(a) for a in opts.get("extra") or []]
+    for forbidden in ("-rtr", "--run-time-repack", "--api-key"):
+        if forbidden in extra:
+            _fail("%s is refused in the extra arguments: %s" % (forbidden, {
+                "--api-key": "the key would be visible in /proc/<pid>/cmdline; set inference_service_api_key",
+            }.get(forbidden, "run-time repacking disables mmap and GPU prompt offload in hybrid mode")))
+    return argv + extra
+
+
+def kt_argv(opts):
+    """KTransformers 0.2.x server arguments (after `python -m ktransformers.server.main`).
+
+    opts: model_path, gguf_path, host, port, cpu_infer, cache_lens, max_new_tokens, backend_type,
+    optimize_config_path, accepted (ktransformers_build_server_flags), extra.
+    """
+    for key in ("model_path", "gguf_path"):
+        if not opts.get(key):
+            _fail("KTransformers needs --%s (without --gguf_path it waits on input() and hangs under systemd)" % key)
+    argv = ["--model_path", str(opts["model_path"]), "--gguf_path", str(opts["gguf_path"]),
+            "--host", str(opts.get("host", "127.0.0.1")), "--port", str(opts.get("port", 10002)),
+            "--cpu_infer", str(int(opts["cpu_infer"])), "--cache_lens", str(int(opts.get("cache_lens", 32768))),
+            "--max_new_tokens", str(int(opts.get("max_new_tokens", 4096))),
+            "--backend_type", str(opts.get("backend_type", "balance_serve"))]
+    if opts.get("optimize_config_path"):
+        argv += ["--optimize_config_path", str(opts["optimize_config_path"])]
+    accepted = opts.get("accepted")
+    if accepted:
+        unknown = [a for a in argv if a.startswith("--") and a not in accepted]
+        if unknown:
+            _fail("the KTransformers build does not list %s (ktransformers_build_server_flags)" % ", ".join(unknown))
+    return argv + [str(a) for a in opts.get("extra") or []]
+
+
+# ------------------------------------------------------------------------------ systemd-safe rendering
+
+def args_file(argv):
+    """The wrapper's arguments file: one argument per line, bytes exactly as the engine must see them.
+
+    The wrapper reads it with `read -r`, so backslashes, `%`, `$` and quotes arrive untouched; only a
+    newline (or NUL) inside an argument cannot be represented, and is refused.
+    """
+    lines = []
+    for arg in argv:
+        arg = str(arg)
+        if "\n" in arg or "\r" in arg or "\x00" in arg:
+            _fail("argument %r contains a line break or NUL; the arguments file holds one argument per line" % arg)
+        if arg == "":
+            _fail("an empty argument cannot be passed through the arguments file")
+        lines.append(arg)
+    return "\n".join(lines) + "\n"
+
+
+def read_args_file(text):
+    """What the wrapper's `while IFS= read -r line` loop yields for an arguments file (for tests)."""
+    return [line for line in str(text).split("\n")[:-1]] if str(text).endswith("\n") else str(text).split("\n")
+
+
+def systemd_word(value):
+    """One word of an ExecStart= line: `%` doubled (specifiers), backslash doubled, quoted if needed.
+
+    Only paths go through here (the wrapper, the arguments file); the engine's flags never do.
+    """
+    value = str(value)
+    if any(c in value for c in "\n\r\x00"):
+        _fail("a line break cannot appear in an ExecStart= word: %r" % value)
+    escaped = value.replace("\\", "\\\\").replace("%", "%%").replace("$", "$$").replace('"', '\\"')
+    if value == "" or re.search(r"[\s'\";]", value):
+        return '"%s"' % escaped
+    return escaped
+
+
+# ------------------------------------------------------------------------------------------ the model
+
+def model_is_mla(arch):
+    return str(arch or "") in MLA_ARCHS
+
+
+def kv_cache_bytes(layout, ctx, ctk="q8_0", ctv="q8_0", mla=None):
+    """Bytes of the KV cache for `ctx` tokens.
+
+    MLA (deepseek2 with -mla 3): one latent row of kv_lora_rank + rope dims per token and layer, in the
+    K type (~1.2 GiB at 32k for R1 with q8_0). Otherwise n_head_kv x (key_length + value_length).
+    """
+    meta = layout.get("metadata", layout)
+    layers = int(meta.get("block_count") or 0)
+    if mla is None:
+        mla = model_is_mla(layout.get("architecture") or meta.get("architecture"))
+    if ctk not in KV_TYPE_BYTES or ctv not in KV_TYPE_BYTES:
+        _fail("unknown KV cache type %s/%s (known: %s)" % (ctk, ctv, ", ".join(sorted(KV_TYPE_BYTES))))
+    if mla and meta.get("kv_lora_rank"):
+        per_token = (int(meta["kv_lora_rank"]) + int(meta.get("rope_dimension_count") or 0)) * KV_TYPE_BYTES[ctk]
+    else:
+        heads_kv = int(meta.get("head_count_kv") or meta.get("head_count") or 0)
+        embd = int(meta.get("embedding_length") or 0)
+        heads = int(meta.get("head_count") or 1)
+        key = int(meta.get("key_length") or (embd // heads if heads else 0))
+        val = int(meta.get("value_length") or key)
+        per_token = heads_kv * (key * KV_TYPE_BYTES[ctk] + val * KV_TYPE_BYTES[ctv])
+    return int(per_token * layers * int(ctx))
+
+
+def gpu_vram_bytes(profile, override=None):
+    """Each GPU's VRAM in bytes: an explicit list of GiB, or the profile's gpus.count x gpus.vram_gib."""
+    if override:
+        return [int(float(v) * GIB) for v in override]
+    gpus = (profile or {}).get("gpus") or {}
+    count = int(gpus.get("count") or 0)
+    if count <= 0:
+        return []
+    if not gpus.get("vram_gib"):
+        _fail("hmk_hardware.gpus declares %d GPU(s) but no vram_gib; the placement plan needs it" % count)
+    return [int(float(gpus["vram_gib"]) * GIB)] * count
+
+
+def _ranges(layers):
+    return "|".join(str(n) for n in sorted(layers))
+
+
+def placement_plan(layout, vram, kv_bytes, compute_reserve=3 * GIB, overhead=GIB, max_gpu_layers=-1):
+    """Which MoE layers' routed experts live on which GPU; the rest stay in DRAM (buffer CPU).
+
+    layout: {"expert_bytes": {layer: bytes}, "non_expert_bytes": int} (the GGUF reader's output).
+    vram: list of bytes per GPU. Attention, shared experts, dense layers and the KV cache are spread
+    over the GPUs in proportion to their VRAM (-ngl 99 with llama.cpp's layer split), and every GPU
+    keeps `compute_reserve` + `overhead` free. Whole layers are then placed in layer order, filling
+    GPU0, then GPU1, ...; a layer is never split across GPUs. A GPU too small for anything but
+    attention gets no experts (all on CPU), with a warning, never an error.
+    max_gpu_layers: cap on layers placed on GPUs (-1: as many as fit; 0: all experts on CPU).
+    """
+    experts = {int(k): int(v) for k, v in (layout.get("expert_bytes") or {}).items()}
+    non_expert = int(layout.get("non_expert_bytes") or 0)
+    vram = [int(v) for v in vram or []]
+    total_vram = sum(vram)
+    gpus, warnings = [], []
+    for index, size in enumerate(vram):
+        share = float(size) / total_vram if total_vram else 0.0
+        base = int((non_expert + int(kv_bytes)) * share) + int(compute_reserve) + int(overhead)
+        gpus.append({"device": "CUDA%d" % index, "vram_bytes": size, "base_bytes": base,
+                     "free_for_experts_bytes": max(size - base, 0), "layers": [], "expert_bytes": 0})
+        if base > size:
+            warnings.append("CUDA%d: attention, KV cache and reserves need %.1f GiB of its %.1f GiB; lower "
+                            "inference_service_ctx or the reserves, or expect an out-of-memory at load"
+                            % (index, base / float(GIB), size / float(GIB)))
+    cpu_layers = []
+    current = 0
+    limit = int(max_gpu_layers)
+    placed = 0
+    for layer in sorted(experts):
+        size = experts[layer]
+        while current < len(gpus) and gpus[current]["expert_bytes"] + size > gpus[current]["free_for_experts_bytes"]:
+            current += 1
+        if current >= len(gpus) or (0 <= limit <= placed):
+            current = len(gpus)
+            cpu_layers.append(layer)
+            continue
+        gpus[current]["layers"].append(layer)
+        gpus[current]["expert_bytes"] += size
+        placed += 1
+    for gpu in gpus:
+        gpu["expected_bytes"] = gpu["base_bytes"] + gpu["expert_bytes"]
+        gpu["expected_gib"] = round(gpu["expected_bytes"] / float(GIB), 2)
+    if gpus and not any(g["layers"] for g in gpus) and experts and limit != 0:
+        warnings.append("no MoE layer's experts fit beside attention and the KV cache: all routed experts stay "
+                        "in DRAM (buffer CPU)")
+    return {
+        "gpus": gpus,
+        "cpu_layers": cpu_layers,
+        "cpu_expert_bytes": sum(experts[n] for n in cpu_layers),
+        "gpu_layer_count": sum(len(g["layers"]) for g in gpus),
+        "moe_layer_count": len(experts),
+        "non_expert_bytes": non_expert,
+        "kv_bytes": int(kv_bytes),
+        "warnings": warnings,
+        "rules": ot_rules({"gpus": gpus}),
+    }
+
+
+def ot_rules(plan):
+    """-ot rules in first-match-wins order: each GPU's layers, then the catch-all `exps=CPU`."""
+    rules = []
+    for gpu in plan.get("gpus") or []:
+        if gpu.get("layers"):
+            rules.append(r"blk\.(%s)\.ffn_.*_exps=%s" % (_ranges(gpu["layers"]), gpu["device"]))
+    rules.append("exps=CPU")
+    return rules
+
+
+def rule_buffer(rules, tensor):
+    """The buffer a tensor name lands in under first-match-wins -ot rules (regex search, like llama.cpp)."""
+    for rule in rules:
+        pattern, _, buffer = str(rule).rpartition("=")
+        if re.search(pattern, tensor):
+            return buffer
+    return None
+
+
+def plan_markdown(plan, title=""):
+    """The plan as a short Markdown page (written beside the unit)."""
+    lines = ["# Expert placement%s" % (": " + title if title else ""), ""]
+    lines.append("| device | MoE layers with experts here | experts | attention/KV/reserves | expected | VRAM |")
+    lines.append("|---|---|---|---|---|---|")
+    for gpu in plan["gpus"]:
+        lines.append("| %s | %s | %.2f GiB | %.2f GiB | %.2f GiB | %.2f GiB |" % (
+            gpu["device"], _ranges(gpu["layers"]) or "none", gpu["expert_bytes"] / float(GIB),
+            gpu["base_bytes"] / float(GIB), gpu["expected_bytes"] / float(GIB), gpu["vram_bytes"] / float(GIB)))
+    lines.append("| CPU | %s | %.2f GiB | | | |" % (_ranges(plan["cpu_layers"]) or "none",
+                                                   plan["cpu_expert_bytes"] / float(GIB)))
+    lines += ["", "-ot rules (first match wins):", ""]
+    lines += ["    -ot %s" % r for r in plan["rules"]]
+    for warning in plan["warnings"]:
+        lines += ["", "WARNING: " + warning]
+    return "\n".join(lines) + "\n"
+
+
+def plan_summary(plan):
+    """One line per device for the play output."""
+    out = []
+    for gpu in plan["gpus"]:
+        out.append("%s: layers [%s] experts %.2f GiB, expected %.2f of %.2f GiB" % (
+            gpu["device"], _ranges(gpu["layers"]).replace("|", ",") or "none", gpu["expert_bytes"] / float(GIB),
+            gpu["expected_bytes"] / float(GIB), gpu["vram_bytes"] / float(GIB)))
+    out.append("CPU: %d MoE layers, %.2f GiB of routed experts in DRAM" % (
+        len(plan["cpu_layers"]), plan["cpu_expert_bytes"] / float(GIB)))
+    return out + ["WARNING: " + w for w in plan["warnings"]]
+
+
+# --------------------------------------------------------------------------------------------- misc
+
+def physical_cores(facts, override=0):
+    """Threads for the engine: the override when > 0, else cores per socket x sockets (SMT siblings excluded)."""
+    if int(override or 0) > 0:
+        return int(override)
+    facts = facts or {}
+    cores = int(facts.get("processor_cores") or 0) * int(facts.get("processor_count") or 0)
+    if cores <= 0:
+        cores = int(facts.get("processor_vcpus") or 1)
+    return max(cores, 1)
+
+
+def ready_timeout(model_bytes, base=60, per_gb=2):
+    """Seconds to wait for readiness: base + per_gb per GB of model (mapping 400 GB takes minutes)."""
+    return int(base + per_gb * ((int(model_bytes) + GB - 1) // GB))
+
+
+def config_hash(value):
+    """A short stable hash of the service's configuration (anything JSON-serialisable)."""
+    blob = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+
+
+class FilterModule(object):
+    """inference_service filters."""
+
+    def filters(self):
+        return {
+            "inference_service_engine_flag_set": engine_flag_set,
+            "inference_service_llama_argv": llama_argv,
+            "inference_service_kt_argv": kt_argv,
+            "inference_service_args_file": args_file,
+            "inference_service_systemd_word": systemd_word,
+            "inference_service_kv_bytes": kv_cache_bytes,
+            "inference_service_gpu_vram": gpu_vram_bytes,
+            "inference_service_plan": placement_plan,
+            "inference_service_plan_markdown": plan_markdown,
+            "inference_service_plan_summary": plan_summary,
+            "inference_service_threads": physical_cores,
+            "inference_service_ready_timeout": ready_timeout,
+            "inference_service_config_hash": config_hash,
+        }
