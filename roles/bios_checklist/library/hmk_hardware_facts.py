@@ -145,6 +145,18 @@ def gather_gpus(module):
     return gpus
 
 
+def _mount_point(path):
+    """The mount point of the filesystem holding `path`: stable while directories under it come and go."""
+    path = os.path.realpath(path)
+    device = os.stat(path).st_dev
+    while path != "/":
+        parent = os.path.dirname(path)
+        if os.stat(parent).st_dev != device:
+            break
+        path = parent
+    return path
+
+
 def gather_disk(models_path):
     path = models_path
     while path and not os.path.exists(path):
@@ -152,6 +164,9 @@ def gather_disk(models_path):
     if not path:
         return {"path": models_path, "checked_path": None, "free_gb": None}
     stat = os.statvfs(path)
+    # Report the filesystem, not the deepest existing directory, so a re-run after the models
+    # directory is created reads the same.
+    path = _mount_point(path)
     return {"path": models_path, "checked_path": path, "free_gb": stat.f_bavail * stat.f_frsize // 10 ** 9}
 
 
