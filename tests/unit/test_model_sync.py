@@ -5,6 +5,8 @@ import hashlib
 import os
 import shutil
 import struct
+import subprocess
+import sys
 
 import pytest
 from gguf import GGUFReader
@@ -303,6 +305,27 @@ def test_the_bearer_token_is_sent_on_stdin_and_never_on_the_command_line(store, 
         assert refused["errors"] and "401" in refused["errors"][0]
         accepted = syncer(tmp_path / "b", http(server, token="s3cret")).run()
         assert accepted["errors"] == []
+
+
+def test_curl_writes_the_partial_and_the_hash_follows_it_as_it_grows(tmp_path):
+    argv = hmk.curl_command("http://store/x", 5, False, output=str(tmp_path / "x.partial"))
+    assert argv[argv.index("--output") + 1] == str(tmp_path / "x.partial")
+    partial = tmp_path / "x.partial"
+    partial.write_bytes(b"head:")
+    digest = hashlib.sha256(b"head:")
+    hasher = hmk._GrowingFileHasher(str(partial), digest)
+    hasher.WRITEBACK_WINDOW = 1000  # exercise the writeback hint on a small file too
+    writer = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\n"
+        "with open(sys.argv[1], 'ab', buffering=0) as f:\n"
+        "    for i in range(40):\n"
+        "        f.write(bytes([65 + i % 26]) * 997)\n"
+        "        time.sleep(0.005)\n"), str(partial)])
+    hasher.follow(writer, poll_seconds=0.001)
+    hasher.close()
+    assert writer.returncode == 0
+    assert digest.hexdigest() == hashlib.sha256(partial.read_bytes()).hexdigest()
+    assert hasher.position == 5 + 40 * 997
 
 
 def test_redirects_are_refused_unless_allowed():
