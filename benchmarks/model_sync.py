@@ -5,12 +5,12 @@ Serves a few hundred MB of generated files from the test store (molecule/model_s
 ranged_http_server.py) on 127.0.0.1, then in the same run:
   1. plain curl of every file (as many curl processes at once as the sync's parallelism), to disk, and the
      same plus an fsync of each file (the sync makes every file durable before publishing it);
-  2. the role's fetch logic (hmk_model_sync.Syncer): curl piped through the sha256, GGUF-less files,
-     verification and atomic publication included;
+  2. the role's fetch logic (hmk_model_sync.Syncer): curl writing the partial, sha256 following it as it grows,
+     verification and atomic publication included; 1 and 2 alternate for --rounds rounds, medians printed;
   3. a sync whose transfer is cut at 40% of one file (no retry), then the re-run: bytes re-fetched.
 Prints the numbers; does not gate (the machine is shared and noisy).
 
-  benchmarks/model_sync.py [--mb 320] [--files 2] [--parallel 2] [--workdir /var/tmp/hmk-bench-model-sync]
+  benchmarks/model_sync.py [--mb 1024] [--rounds 3] [--files 2] [--parallel 2] [--workdir /var/tmp/hmk-bench-model-sync]
 """
 import argparse
 import hashlib
@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -51,7 +52,8 @@ def served(stats_path):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mb", type=int, default=320, help="total size of the generated files")
+    ap.add_argument("--mb", type=int, default=1024, help="total size of the generated files")
+    ap.add_argument("--rounds", type=int, default=3, help="curl / model_sync pairs, interleaved; medians are printed")
     ap.add_argument("--files", type=int, default=2)
     ap.add_argument("--parallel", type=int, default=2)
     ap.add_argument("--workdir", default="/var/tmp/hmk-bench-model-sync")
@@ -84,33 +86,42 @@ def main():
                 time.sleep(0.05)
         base = "http://127.0.0.1:%d/bench" % port
 
-        # 1. plain curl, same parallelism, to disk
-        plain = os.path.join(args.workdir, "plain")
-        os.makedirs(plain)
-        start = time.monotonic()
-        for batch in range(0, len(files), args.parallel):
-            procs = [subprocess.Popen(["curl", "--fail", "--silent", "--show-error", "-o", os.path.join(plain, f["name"]),
-                                       base + "/" + f["name"]]) for f in files[batch:batch + args.parallel]]
-            if any(p.wait() for p in procs):
-                raise SystemExit("plain curl failed")
-        curl_s = time.monotonic() - start
-        for f in files:  # the sync fsyncs before publishing; give curl the same durability for a fair second ratio
-            fd = os.open(os.path.join(plain, f["name"]), os.O_RDONLY)
-            os.fsync(fd)
-            os.close(fd)
-        curl_fsync_s = time.monotonic() - start
+        # 1 and 2, interleaved over --rounds so that a noisy neighbour hits both sides alike.
+        rounds = []
+        for number in range(args.rounds):
+            plain = os.path.join(args.workdir, "plain")
+            shutil.rmtree(plain, ignore_errors=True)
+            os.makedirs(plain)
+            start = time.monotonic()
+            for batch in range(0, len(files), args.parallel):
+                procs = [subprocess.Popen(["curl", "--fail", "--silent", "--show-error", "-o",
+                                           os.path.join(plain, f["name"]), base + "/" + f["name"]])
+                         for f in files[batch:batch + args.parallel]]
+                if any(p.wait() for p in procs):
+                    raise SystemExit("plain curl failed")
+            curl_s = time.monotonic() - start
+            for f in files:  # the sync fsyncs before publishing; give curl the same durability for a second ratio
+                fd = os.open(os.path.join(plain, f["name"]), os.O_RDONLY)
+                os.fsync(fd)
+                os.close(fd)
+            curl_fsync_s = time.monotonic() - start
+            shutil.rmtree(plain, ignore_errors=True)
 
-        # 2. the role's fetch logic: streamed sha256, verification, atomic publish
-        dest = os.path.join(args.workdir, "synced")
-        source = hmk.Source("http", base, retries=0)
-        syncer = hmk.Syncer("bench", os.path.join(dest, "bench"), os.path.join(dest, ".hmk-sync"),
-                            os.path.join(dest, ".quarantine"), files, source, parallel=args.parallel,
-                            log=hmk.ProgressLog(os.path.join(args.workdir, "sync.log"), "bench", 2))
-        start = time.monotonic()
-        result = syncer.run()
-        sync_s = time.monotonic() - start
-        if result["errors"]:
-            raise SystemExit("sync failed: %s" % result["errors"])
+            # the role's fetch logic: curl into the partial, sha256 as it grows, verification, atomic publish
+            dest = os.path.join(args.workdir, "synced")
+            shutil.rmtree(dest, ignore_errors=True)
+            source = hmk.Source("http", base, retries=0)
+            syncer = hmk.Syncer("bench", os.path.join(dest, "bench"), os.path.join(dest, ".hmk-sync"),
+                                os.path.join(dest, ".quarantine"), files, source, parallel=args.parallel,
+                                log=hmk.ProgressLog(os.path.join(args.workdir, "sync.log"), "bench", 2))
+            start = time.monotonic()
+            result = syncer.run()
+            sync_s = time.monotonic() - start
+            if result["errors"]:
+                raise SystemExit("sync failed: %s" % result["errors"])
+            rounds.append((curl_s, curl_fsync_s, sync_s))
+            print("round %d: curl %.2f s, curl+fsync %.2f s, model_sync %.2f s -> ratio %.2f"
+                  % (number + 1, curl_s, curl_fsync_s, sync_s, curl_s / sync_s), flush=True)
         start = time.monotonic()
         rerun = syncer.run()
         rerun_s = time.monotonic() - start
@@ -131,12 +142,15 @@ def main():
         server.wait(timeout=10)
 
     mb = total / 1e6
-    print("files: %d x %.1f MB on 127.0.0.1, parallel %d" % (args.files, per_file / 1e6, args.parallel))
+    curl_s, curl_fsync_s, sync_s = (statistics.median(r[i] for r in rounds) for i in range(3))
+    print("files: %d x %.1f MB on 127.0.0.1, parallel %d, median of %d rounds"
+          % (args.files, per_file / 1e6, args.parallel, len(rounds)))
     print("plain curl to disk:                 %6.2f s  %7.1f MB/s" % (curl_s, mb / curl_s))
     print("model_sync (sha256 + publish):      %6.2f s  %7.1f MB/s" % (sync_s, mb / sync_s))
     print("plain curl to disk, then fsync:     %6.2f s  %7.1f MB/s" % (curl_fsync_s, mb / curl_fsync_s))
-    print("throughput ratio sync/curl:         %6.2f   (goal >= 0.90)" % (curl_s / sync_s))
-    print("throughput ratio sync/(curl+fsync): %6.2f" % (curl_fsync_s / sync_s))
+    print("throughput ratio sync/curl:         %6.2f   (goal >= 0.90; per round: %s)"
+          % (statistics.median(r[0] / r[2] for r in rounds), " ".join("%.2f" % (r[0] / r[2]) for r in rounds)))
+    print("throughput ratio sync/(curl+fsync): %6.2f" % statistics.median(r[1] / r[2] for r in rounds))
     print("re-run with everything present:     %6.2f s  %d bytes fetched, changed=%s"
           % (rerun_s, rerun["bytes_received"], rerun["changed"]))
     print("cut at 40%% of %s: first run errors=%d, re-run errors=%d" % (files[0]["name"], len(first["errors"]),
