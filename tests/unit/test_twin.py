@@ -96,3 +96,22 @@ def test_image_key_follows_the_build_script(monkeypatch, tmp_path):
     assert twin.image_key() == first
     monkeypatch.setattr(twin, "SUITE", "trixie")
     assert twin.image_key() != first
+
+
+def test_volumes_are_checked_before_anything_starts(tmp_path):
+    assert twin.parse_volume(f"{tmp_path}:/srv/fixtures:ro") == (str(tmp_path), "/srv/fixtures", "ro")
+    assert twin.parse_volume(f"{tmp_path}:/srv/x") == (str(tmp_path), "/srv/x", "rw")
+    for bad, match in ((f"{tmp_path}", "expected HOST:GUEST"), (f"{tmp_path}:/x:rx", "ro or rw"),
+                       (f"{tmp_path}:relative", "absolute"), (f"{tmp_path}/absent:/x", "does not exist")):
+        with pytest.raises(twin.TwinError, match=match):
+            twin.parse_volume(bad)
+
+
+def test_a_vm_twin_refuses_volumes_before_it_starts(tmp_path, monkeypatch):
+    monkeypatch.setattr(twin, "STATE", tmp_path)
+    monkeypatch.setattr(twin, "port_free", lambda port: True)
+    started = []
+    monkeypatch.setattr(twin, "vm_up", lambda *a: started.append(a))
+    assert twin.main(["up", "--name", "voltest", "--kind", "vm", "--port", "2999",
+                      "--volume", f"{tmp_path}:/srv/x"]) == 2
+    assert started == []
