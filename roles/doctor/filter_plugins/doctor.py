@@ -1,0 +1,672 @@
+# -*- coding: utf-8 -*-
+"""Findings of the doctor role: raw values read on a node in, ranked findings with fixes out.
+
+The tasks only read (files, `systemctl show`, `journalctl`, `nvidia-smi`, `fincore`); every judgement,
+every text a user sees and the ranking live here, so tests/unit/test_doctor.py can feed literal inputs.
+The hardware facts arrive already parsed by the bios_checklist role's module (hmk_hardware_facts).
+
+A finding: {id, severity (critical|warning|info|ok), title, evidence (what was read), fix}.
+critical: the service is down, or the node loses a large share of its speed; warning: a measurable
+loss or a risk; info: does not apply here, or cannot be told from inside this node; ok: as wanted.
+"""
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import re
+
+SEVERITIES = ("critical", "warning", "info", "ok")
+
+# The troubleshooting tree, most decisive first: a service that does not start, then what stops a
+# started one (flags, engine errors, driver), then what throws DRAM bandwidth away, then PCIe and power.
+ORDER = ("service_state", "engine_flags", "engine_errors", "nvidia_driver", "gpu_present", "numa_balancing",
+         "numa_nodes_per_socket", "memory_channels", "smt", "model_page_cache", "gpu_pcie_link", "pcie_aspm",
+         "cpu_governor")
+
+GIB = 1024 ** 3
+MIB = 1024 ** 2
+
+# What the engines print when their argument parser refuses something, and the flag each names:
+# ik_llama.cpp (common.cpp), mainline llama.cpp (arg.cpp), KTransformers (argparse).
+FLAG_ERRORS = (
+    re.compile(r"error: unknown argument: (\S+)"),
+    re.compile(r"error: invalid parameter for argument: (\S+)"),
+    re.compile(r"error: invalid argument: (\S+)"),
+    re.compile(r"error while handling argument \"([^\"]+)\""),
+    re.compile(r"unrecognized arguments: (.+)$"),
+)
+
+# Replacements ../shared/BRIEF.md section 3 knows, by flag as the engine names it.
+_FMOE = ("Remove -fmoe: since ik_llama.cpp 2025-10-25 fused MoE is on by default and the flag no longer "
+         "exists (-no-fmoe turns it off). The seed's `-fa -fmoe` fails on every current commit.")
+_FA = ("Write `-fa on`: since ik_llama.cpp 2025-11-13 (and in mainline llama.cpp) -fa takes a value "
+       "(on|off|auto); a bare -fa swallows the next flag as its value. Flash attention is on by default.")
+_MLA = ("Mainline llama.cpp has no MLA cache: drop -mla and -amb, or serve the model with ik_llama.cpp "
+        "(inference_service_engine: ik_llama.cpp).")
+_KT_INVENTED = ("Seed 002 invented this KTransformers flag; the server has no such option. Remove it "
+                "(KTransformers 0.2.x takes --model_path, --gguf_path, --cpu_infer, --cache_lens, "
+                "--max_new_tokens, --backend_type, --optimize_config_path).")
+FLAG_FIXES = {
+    "-fmoe": _FMOE,
+    "--fused-moe": _FMOE,
+    "-fa": _FA,
+    "--flash-attn": _FA,
+    "-mla": _MLA,
+    "--mla-use": _MLA,
+    "-amb": _MLA,
+    "--attention-max-batch": _MLA,
+    "--tensor-parallel-size": _KT_INVENTED,
+    "--pipeline-parallel-size": _KT_INVENTED,
+    "--prefetch-ahead": _KT_INVENTED,
+    "--kv-cache-pool-size": _KT_INVENTED + " The KV cache is sized by --cache_lens.",
+    "--power-throttle": _KT_INVENTED + " Cap GPU power with nvidia_driver_power_limit_w (nvidia-smi -pl).",
+    "--cpu-offload-ratio": _KT_INVENTED + " Placement comes from --optimize_config_path rules.",
+    "--enable-avx2": _KT_INVENTED + " The ISA is chosen at build time (CPU_INSTRUCT=AVX2).",
+    "--avx2-thread-count": _KT_INVENTED + " Threads are --cpu_infer (physical cores).",
+}
+
+# Engine log lines that name a cause the doctor knows: (pattern, id suffix, title, fix).
+ENGINE_ERRORS = (
+    (re.compile(r"Driver/library version mismatch|CUDA driver version is insufficient", re.I),
+     "The engine could not use the GPU driver",
+     "See the nvidia_driver finding: reboot after a driver upgrade, and keep the driver packages held "
+     "(nvidia_driver role)."),
+    (re.compile(r"(cudaMalloc failed|CUDA error: out of memory|out of memory allocating|"
+                r"failed to allocate CUDA\d* buffer)", re.I),
+     "The engine ran out of GPU memory",
+     "Put fewer expert layers on the GPU (inference_service_gpu_expert_layers), lower the context "
+     "(inference_service_ctx) or -ub, or raise inference_service_gpu_compute_reserve_gib."),
+    (re.compile(r"(mmap failed|failed to mmap|Cannot allocate memory|mlock failed|failed to mlock)", re.I),
+     "The engine could not map or lock the model in memory",
+     "Check free RAM against the model size, vm.max_map_count (>= 262144, kernel_tuning role) and "
+     "LimitMEMLOCK=infinity in the unit when --mlock is used."),
+    (re.compile(r"(failed to load model|error loading model|failed to open .*\.gguf|\.gguf\S*: No such file)", re.I),
+     "The engine could not load the model",
+     "Check inference_service_model_path (the first split, -00001-of-0000N.gguf), that every split is "
+     "there (playbooks/models.yml verifies them) and that the service user can read it."),
+)
+
+
+def _finding(check_id, severity, title, evidence, fix):
+    return {"id": check_id, "severity": severity, "title": title, "evidence": evidence, "fix": fix}
+
+
+def _int(value, default=None):
+    try:
+        return int(str(value).strip())
+    except (TypeError, ValueError):
+        return default
+
+
+def _lines(text):
+    return [line for line in str(text or "").replace("\r\n", "\n").split("\n") if line.strip()]
+
+
+def _size(n_bytes):
+    if n_bytes >= GIB:
+        return "%.1f GiB" % (n_bytes / float(GIB))
+    return "%.1f MiB" % (n_bytes / float(MIB))
+
+
+def _profile_get(profile, *path):
+    value = profile or {}
+    for key in path:
+        if not isinstance(value, dict):
+            return None
+        value = value.get(key)
+    return value
+
+
+def _virtual_note(cpu):
+    return " (in a VM or container this is the host's or the hypervisor's layout)" if (cpu or {}).get(
+        "hypervisor") else ""
+
+
+# ------------------------------------------------------------------------------------ parsing
+
+def parse_systemctl_show(text):
+    """`systemctl show UNIT -p A -p B` -> {A: value, B: value}."""
+    props = {}
+    for line in _lines(text):
+        if "=" in line:
+            key, value = line.split("=", 1)
+            props[key.strip()] = value.strip()
+    return props
+
+
+def nvidia_module_version(text):
+    """/proc/driver/nvidia/version -> '570.86.15' (proprietary and open modules), or None."""
+    match = re.search(r"Kernel Module\b.*?\s(\d+\.\d+(?:\.\d+)?)\s", str(text or "") + " ")
+    return match.group(1) if match else None
+
+
+def nvidia_library_versions(paths):
+    """Versions of the libnvidia-ml.so.X.Y[.Z] files found on the node, sorted and unique."""
+    versions = set()
+    for path in paths or []:
+        match = re.search(r"libnvidia-ml\.so\.(\d+\.\d+(?:\.\d+)?)$", str(path))
+        if match:
+            versions.add(match.group(1))
+    return sorted(versions)
+
+
+def rejected_flags(lines):
+    """Flags the engine's argument parser refused, in the order first seen: [(flag, log line)]."""
+    found, seen = [], set()
+    for line in lines or []:
+        for pattern in FLAG_ERRORS:
+            match = pattern.search(line)
+            if not match:
+                continue
+            for flag in match.group(1).split():
+                if flag.startswith("-") and flag not in seen:
+                    seen.add(flag)
+                    found.append((flag, line.strip()))
+            break
+    return found
+
+
+def flag_fix(flag):
+    """The replacement for a refused flag, where the brief knows one."""
+    if flag in FLAG_FIXES:
+        return FLAG_FIXES[flag]
+    return ("Remove or replace %s: the installed engine build does not accept it. Compare with "
+            "`llama-server --help` of the current build and the llama_build flag table "
+            "(llama_build_engine_flags), then fix inference_service_extra_args." % flag)
+
+
+def parse_fincore(text):
+    """`fincore --bytes --noheadings --raw --output RES,SIZE FILE...` -> (resident bytes, size bytes)."""
+    resident = size = 0
+    seen = False
+    for line in _lines(text):
+        fields = line.split()
+        if len(fields) >= 2 and fields[0].isdigit() and fields[1].isdigit():
+            resident += int(fields[0])
+            size += int(fields[1])
+            seen = True
+    return (resident, size) if seen else (None, None)
+
+
+def meminfo_kb(text, key):
+    match = re.search(r"^%s:\s+(\d+) kB" % re.escape(key), str(text or ""), re.M)
+    return int(match.group(1)) if match else None
+
+
+def parse_governors(text):
+    """`grep -r --include=scaling_governor . /sys/devices/system/cpu/cpufreq` -> {governor: policies}."""
+    counts = {}
+    for line in _lines(text):
+        value = line.rsplit(":", 1)[-1].strip()
+        if value:
+            counts[value] = counts.get(value, 0) + 1
+    return counts
+
+
+# ------------------------------------------------------------------------------------- checks
+
+def check_service(raw):
+    svc = raw.get("service") or {}
+    name = svc.get("name") or "hmk-inference.service"
+    props = parse_systemctl_show(svc.get("show"))
+    load = props.get("LoadState")
+    if not props or load is None:
+        return _finding("service_state", "info", "The state of %s could not be read" % name,
+                        (svc.get("error") or "no output from systemctl show").strip(),
+                        "Run the doctor on a systemd host; read `systemctl status %s` by hand." % name)
+    if load == "not-found":
+        return _finding("service_state", "info", "%s is not installed on this node" % name,
+                        "LoadState=not-found",
+                        "Nothing to diagnose in the service; deploy it with playbooks/serve.yml "
+                        "(inference_service role) when the node should serve.")
+    active, sub = props.get("ActiveState", "?"), props.get("SubState", "?")
+    restarts = _int(props.get("NRestarts"), 0)
+    evidence = "ActiveState=%s SubState=%s Result=%s ExecMainStatus=%s NRestarts=%s" % (
+        active, sub, props.get("Result", "?"), props.get("ExecMainStatus", "?"), props.get("NRestarts", "?"))
+    journal = "`journalctl -u %s -n 50 --no-pager`" % name
+    if active == "failed" or (active == "activating" and sub == "auto-restart"):
+        why = "exits at start" if props.get("Result") in ("exit-code", "start-limit-hit") else "stopped"
+        return _finding(
+            "service_state", "critical",
+            "%s has failed (%s; %d restart(s))" % (name, why, restarts), evidence,
+            "Fix the cause the next findings name (read %s), then `systemctl reset-failed %s && "
+            "systemctl start %s`, or converge playbooks/serve.yml. The doctor restarts nothing." % (
+                journal, name, name))
+    if active == "active" and restarts > 0:
+        return _finding("service_state", "warning", "%s runs but has restarted %d time(s)" % (name, restarts),
+                        evidence,
+                        "Something kills or crashes the engine (OOM killer, GPU errors): read %s and "
+                        "`journalctl -k -g 'oom|nvidia|Xid'`." % journal)
+    if active == "active":
+        return _finding("service_state", "ok", "%s is running" % name, evidence, "Nothing to do.")
+    if active in ("activating", "reloading"):
+        return _finding("service_state", "info", "%s is starting (loading the model)" % name, evidence,
+                        "Wait: /health answers 503 while the weights load (minutes for 355 GB from a cold "
+                        "page cache); check again, or follow %s." % journal)
+    return _finding("service_state", "warning", "%s is installed but not running" % name,
+                    evidence + " UnitFileState=%s" % props.get("UnitFileState", "?"),
+                    "Start it with `systemctl enable --now %s` (or converge playbooks/serve.yml)." % name)
+
+
+def _service_state(raw):
+    props = parse_systemctl_show((raw.get("service") or {}).get("show"))
+    return props.get("LoadState"), props.get("ActiveState"), props.get("SubState")
+
+
+def _service_down(raw):
+    _load, active, sub = _service_state(raw)
+    return active in ("failed", "inactive") or (active == "activating" and sub == "auto-restart")
+
+
+def check_engine_flags(raw):
+    load, _active, _sub = _service_state(raw)
+    tail = raw.get("journal_tail") or []
+    if load in (None, "not-found"):
+        return [_finding("engine_flags", "info", "No refused flags to look for (the service is not installed)",
+                         "LoadState=%s" % (load or "unknown"), "Nothing to do.")]
+    refused = rejected_flags(tail)
+    if not refused:
+        return [_finding("engine_flags", "ok", "The engine refused no flag",
+                         "no argument-parser error in the last %d journal line(s)" % len(tail), "Nothing to do.")]
+    findings = []
+    down = _service_down(raw)
+    for flag, line in refused:
+        if down:
+            findings.append(_finding("engine_flags", "critical", "The engine refuses the flag %s" % flag, line,
+                                     flag_fix(flag)))
+        else:
+            findings.append(_finding("engine_flags", "info",
+                                     "The engine refused %s earlier; the service runs now" % flag, line,
+                                     "Nothing to do now; if it comes back: " + flag_fix(flag)))
+    return findings
+
+
+def check_engine_errors(raw):
+    load, _active, _sub = _service_state(raw)
+    if load in (None, "not-found"):
+        return [_finding("engine_errors", "info", "No engine errors to look for (the service is not installed)",
+                         "LoadState=%s" % (load or "unknown"), "Nothing to do.")]
+    findings = []
+    tail = raw.get("journal_tail") or []
+    severity = "critical" if _service_down(raw) else "warning"
+    last = {}
+    for line in tail:  # a line counts for the first cause it names
+        for index, (pattern, _title, _fix) in enumerate(ENGINE_ERRORS):
+            if pattern.search(line):
+                last[index] = line.strip()
+                break
+    for index, (_pattern, title, fix) in enumerate(ENGINE_ERRORS):
+        if index in last:
+            findings.append(_finding("engine_errors", severity, title, last[index], fix))
+    warnings = [line.strip() for line in raw.get("journal_warnings") or []
+                if line.strip() and not line.startswith("-- ")]
+    if warnings and not findings:
+        findings.append(_finding(
+            "engine_errors", "warning",
+            "%d warning or error line(s) about the service in the journal since %s" % (
+                len(warnings), raw.get("journal_since") or "-1h"),
+            " | ".join(warnings[-3:]),
+            "Read them: `journalctl -u %s -p warning --since '%s'`." % (
+                (raw.get("service") or {}).get("name") or "hmk-inference.service", raw.get("journal_since") or "-1h")))
+    if not findings:
+        findings.append(_finding("engine_errors", "ok", "No known engine error in the journal",
+                                 "%d recent line(s), none at warning or above" % len(tail), "Nothing to do."))
+    return findings
+
+
+def check_nvidia_driver(raw):
+    gpus = (raw.get("hardware") or {}).get("gpus") or []
+    smi = raw.get("nvidia_smi") or {}
+    smi_text = "%s\n%s" % (smi.get("stdout") or "", smi.get("stderr") or "")
+    module = nvidia_module_version(raw.get("nvidia_proc_version"))
+    libs = nvidia_library_versions(raw.get("nvidia_libraries"))
+    nvml = re.search(r"NVML library version:\s*([0-9.]+)", smi_text)
+    if nvml and nvml.group(1) not in libs:
+        libs = sorted(set(libs) | {nvml.group(1)})
+    mismatch_text = "Driver/library version mismatch" in smi_text
+    fix = ("The user-space libraries were upgraded under the loaded kernel module: stop the service, "
+           "reboot the node (or unload and reload the nvidia modules), then keep the packages held "
+           "(the nvidia_driver role pins them and keeps unattended-upgrades away from nvidia-*, libnvidia-*).")
+    if mismatch_text or (module and libs and module not in libs):
+        evidence = "kernel module %s, libnvidia-ml %s" % (module or "?", ", ".join(libs) or "?")
+        if mismatch_text:
+            evidence = "nvidia-smi: Driver/library version mismatch; " + evidence
+        return _finding("nvidia_driver", "critical", "NVIDIA driver and library versions do not match",
+                        evidence, fix)
+    if not gpus and not module:
+        return _finding("nvidia_driver", "info", "No NVIDIA driver to check (no NVIDIA GPU on this node)",
+                        "no /proc/driver/nvidia/version; nvidia-smi %s" % (
+                            "missing" if smi.get("missing") else "rc=%s" % smi.get("rc")), "Nothing to do.")
+    if gpus and not module:
+        return _finding("nvidia_driver", "critical", "The NVIDIA kernel module is not loaded",
+                        "%d NVIDIA GPU(s) on the PCI bus, no /proc/driver/nvidia/version" % len(gpus),
+                        "Install or repair the driver with playbooks/gpu.yml; read `dmesg | grep -i nvidia` "
+                        "(Secure Boot rejects unsigned modules: `mokutil --sb-state`).")
+    if smi.get("rc") not in (0, "0"):
+        first = (_lines(smi_text) or ["no output"])[0]
+        return _finding("nvidia_driver", "critical", "nvidia-smi fails with the driver loaded",
+                        "kernel module %s; nvidia-smi rc=%s: %s" % (module, smi.get("rc"), first),
+                        "Read the whole `nvidia-smi` output and `dmesg | grep -iE 'nvrm|xid'`; reinstall with "
+                        "playbooks/gpu.yml if the user-space tools are missing.")
+    return _finding("nvidia_driver", "ok", "NVIDIA driver %s is loaded and its libraries match" % module,
+                    "kernel module %s, libnvidia-ml %s" % (module, ", ".join(libs) or "(not found, nvidia-smi works)"),
+                    "Nothing to do.")
+
+
+def check_gpu_present(raw):
+    gpus = (raw.get("hardware") or {}).get("gpus") or []
+    want = _int(_profile_get(raw.get("profile"), "gpus", "count"), 0) or 0
+    listed = ", ".join("%s %s" % (g.get("pci_address"), g.get("model") or "?") for g in gpus)
+    if not gpus and not want:
+        return _finding("gpu_present", "info", "No NVIDIA GPU on this node; the GPU checks do not apply",
+                        "no PCI display device with vendor 0x10de; the profile expects %d" % want,
+                        "Nothing to do on a CPU-only node.")
+    if len(gpus) < want:
+        return _finding("gpu_present", "critical", "%d of %d expected GPUs are visible" % (len(gpus), want),
+                        listed or "no PCI display device with vendor 0x10de",
+                        "Seat the card in a CPU-attached x16 slot, check its power cables and BIOS "
+                        "(Above 4G Decoding on); list with `lspci -d 10de:`. Without it the service runs "
+                        "attention on the CPU.")
+    if len(gpus) == want:
+        return _finding("gpu_present", "ok", "%d NVIDIA GPU(s) visible as the profile expects" % want, listed,
+                        "Nothing to do.")
+    return _finding("gpu_present", "info", "%d NVIDIA GPU(s) visible, the profile expects %d" % (len(gpus), want),
+                    listed, "Update gpus.count in the hardware profile to what the node has.")
+
+
+def check_numa_balancing(raw):
+    hw = raw.get("hardware") or {}
+    value = hw.get("numa_balancing")
+    nodes = (hw.get("cpu") or {}).get("numa_nodes")
+    fix = ("`sysctl -w kernel.numa_balancing=0` now; the kernel_tuning role makes it permanent "
+           "(/etc/sysctl.d).")
+    if value is None:
+        return _finding("numa_balancing", "ok", "NUMA balancing does not exist in this kernel",
+                        "/proc/sys/kernel/numa_balancing absent", "Nothing to do.")
+    if value == "unknown" or not isinstance(value, int):
+        return _finding("numa_balancing", "info", "NUMA balancing could not be read", str(value),
+                        "Read `cat /proc/sys/kernel/numa_balancing`; want 0.")
+    evidence = "kernel.numa_balancing=%d, %s NUMA node(s)" % (value, nodes if nodes else "?")
+    if value == 0:
+        return _finding("numa_balancing", "ok", "NUMA balancing is off", evidence, "Nothing to do.")
+    if nodes == 1:
+        return _finding("numa_balancing", "info", "NUMA balancing is on, without effect on a single node",
+                        evidence, "Turn it off anyway so an NPS change cannot bring the slowdown: " + fix)
+    return _finding("numa_balancing", "critical", "NUMA balancing is on: pages of the experts migrate",
+                    evidence, "It costs 50-65%% of generation speed. %s" % fix)
+
+
+def check_nps(raw):
+    cpu = (raw.get("hardware") or {}).get("cpu") or {}
+    want = _int(_profile_get(raw.get("profile"), "cpu", "numa_nodes_per_socket"), 1) or 1
+    sockets, nodes = cpu.get("sockets"), cpu.get("numa_nodes")
+    if not sockets or not nodes:
+        return _finding("numa_nodes_per_socket", "info", "NUMA nodes per socket could not be read",
+                        "sockets=%s numa_nodes=%s" % (sockets, nodes),
+                        "Read `lscpu | grep -E 'Socket|NUMA node'`; want NPS%d." % want)
+    nps = nodes / float(sockets)
+    nps = int(nps) if nps == int(nps) else round(nps, 2)
+    evidence = "%s NUMA node(s) on %s socket(s): NPS%s" % (nodes, sockets, nps)
+    if nps == want:
+        return _finding("numa_nodes_per_socket", "ok", "NPS%s as the profile wants" % nps, evidence, "Nothing to do.")
+    return _finding("numa_nodes_per_socket", "critical",
+                    "NPS%s instead of NPS%s: the experts' bandwidth is split%s" % (nps, want, _virtual_note(cpu)),
+                    evidence,
+                    "BIOS: Advanced > AMD CBS > DF Common Options > Memory Addressing > NUMA nodes per socket = "
+                    "NPS%d, then reboot (the OS cannot change it)." % want)
+
+
+def check_memory_channels(raw):
+    hw = raw.get("hardware") or {}
+    memory = hw.get("memory") or {}
+    profile = raw.get("profile")
+    per_socket = _int(_profile_get(profile, "memory", "channels_per_socket"))
+    sockets = _int(_profile_get(profile, "cpu", "sockets")) or (hw.get("cpu") or {}).get("sockets") or 1
+    want = per_socket * sockets if per_socket else None
+    want_speed = _int(_profile_get(profile, "memory", "min_speed_mts"))
+    channels = memory.get("channels_populated")
+    if not memory.get("slots_populated"):
+        return _finding("memory_channels", "info", "The memory channels could not be read",
+                        "dmidecode -t 17 lists no populated DIMM (%s slots)" % memory.get("slots_total", 0),
+                        "Read `dmidecode -t 17` as root on the host or the BMC (containers and some VMs have "
+                        "no SMBIOS memory devices); want %s channels populated." % (want or "all"))
+    speed = memory.get("configured_speed_mts")
+    evidence = "%s of %s channels populated (%s), %s of %s slots, %s MT/s, %s GB/s theoretical" % (
+        channels, memory.get("channels_total") or want or "?", memory.get("channel_source"),
+        memory.get("slots_populated"), memory.get("slots_total"), speed or "?", memory.get("bandwidth_gbs") or "?")
+    if want and channels < want:
+        return _finding("memory_channels", "critical",
+                        "%s of %s memory channels are populated: %d%% of the bandwidth is missing" % (
+                            channels, want, round(100.0 * (want - channels) / want)),
+                        evidence,
+                        "Populate one identical DIMM in every channel (board manual's population table); "
+                        "generation speed scales with channels x MT/s.")
+    if want_speed and speed and speed < want_speed:
+        return _finding("memory_channels", "warning", "Memory runs at %s MT/s, below %s" % (speed, want_speed),
+                        evidence,
+                        "BIOS: AMD CBS > UMC Common Options > DDR Options > Memory Clock Speed = Auto/%d; "
+                        "one DIMM per channel." % want_speed)
+    if not want:
+        return _finding("memory_channels", "info", "%s channels populated; the profile names no target" % channels,
+                        evidence, "Set memory.channels_per_socket in the hardware profile.")
+    return _finding("memory_channels", "ok", "Every memory channel is populated", evidence, "Nothing to do.")
+
+
+def check_smt(raw):
+    cpu = (raw.get("hardware") or {}).get("cpu") or {}
+    want = bool(_profile_get(raw.get("profile"), "cpu", "smt"))
+    smt = cpu.get("smt_active")
+    if smt is None:
+        return _finding("smt", "info", "SMT could not be read", "no /sys/devices/system/cpu/smt/active",
+                        "Read `lscpu | grep 'Thread(s) per core'`; want %s." % ("on" if want else "off"))
+    evidence = "smt active=%d, %s thread(s) per core" % (1 if smt else 0, cpu.get("threads_per_core") or "?")
+    if smt == want:
+        return _finding("smt", "ok", "SMT is %s as the profile wants" % ("on" if smt else "off"), evidence,
+                        "Nothing to do.")
+    if smt:
+        return _finding("smt", "warning", "SMT is on%s" % _virtual_note(cpu), evidence,
+                        "BIOS: AMD CBS > CPU Common Options > SMT Control = Disable (runtime: `echo off > "
+                        "/sys/devices/system/cpu/smt/control`); threads = physical cores, SMT costs ~18%.")
+    return _finding("smt", "info", "SMT is off but the profile expects it on", evidence,
+                    "Set cpu.smt: false in the profile, or enable SMT in the BIOS.")
+
+
+def check_page_cache(raw):
+    model = raw.get("model") or {}
+    path = model.get("path") or ""
+    hw = raw.get("hardware") or {}
+    if not path:
+        return _finding("model_page_cache", "info", "No model path to check",
+                        "inference_service_model_path is empty",
+                        "Set doctor_model_path (or inference_service_model_path) to the model's GGUF.")
+    files = model.get("files") or []
+    if not files:
+        return _finding("model_page_cache", "critical", "The model file is missing", "%s does not exist" % path,
+                        "Sync it with playbooks/models.yml, or fix inference_service_model_path.")
+    size = sum(_int(f.get("size"), 0) for f in files)
+    total_gb = hw.get("memory_total_gb")
+    cached_kb = meminfo_kb(raw.get("meminfo"), "Cached")
+    resident, _fsize = parse_fincore(model.get("fincore"))
+    evidence = "model %s in %d file(s); " % (_size(size), len(files))
+    if resident is not None:
+        evidence += "resident %s (fincore); " % _size(resident)
+    evidence += "page cache %s; RAM %s GB" % (_size(cached_kb * 1024) if cached_kb is not None else "?",
+                                              total_gb if total_gb is not None else "?")
+    if total_gb and size > total_gb * 10 ** 9:
+        return _finding("model_page_cache", "critical", "The model is larger than the RAM", evidence,
+                        "Every token reads experts from disk: use a smaller quant, or add memory.")
+    want = float(raw.get("resident_min_pct") or 90) / 100.0
+    if resident is not None:
+        if resident >= want * size:
+            return _finding("model_page_cache", "ok", "The model is resident in the page cache", evidence,
+                            "Nothing to do.")
+        return _finding("model_page_cache", "warning",
+                        "Only %d%% of the model is in the page cache" % (100 * resident // max(size, 1)), evidence,
+                        "The next requests read the experts from disk. Warm it (`cat %s > /dev/null` per file), "
+                        "check that nothing evicts it (other jobs, a drop_caches timer), and that RAM minus the "
+                        "model leaves room for the rest." % path)
+    if cached_kb is not None and cached_kb * 1024 < want * size:
+        return _finding("model_page_cache", "warning", "The page cache is smaller than the model", evidence,
+                        "The model cannot be fully resident: warm it (`cat %s > /dev/null`) and check "
+                        "what else uses the memory." % path)
+    return _finding("model_page_cache", "info", "The page cache could hold the model; residency not measured",
+                    evidence, "Install util-linux's fincore to measure it (`fincore %s`)." % path)
+
+
+def check_gpu_links(raw):
+    gpus = (raw.get("hardware") or {}).get("gpus") or []
+    want = _int(_profile_get(raw.get("profile"), "gpus", "min_link_width")) or 16
+    if not gpus:
+        return _finding("gpu_pcie_link", "info", "No GPU link to check", "no NVIDIA GPU on the PCI bus",
+                        "Nothing to do.")
+    narrow, slow, unknown, parts = [], [], [], []
+    for gpu in gpus:
+        link = gpu.get("link") or {}
+        cw, mw = link.get("current_width"), link.get("max_width")
+        cs, ms = link.get("current_speed_gts"), link.get("max_speed_gts")
+        bdf = gpu.get("pci_address")
+        if cw is None or cs is None:
+            unknown.append(bdf)
+            parts.append("%s unknown" % bdf)
+            continue
+        parts.append("%s x%s of x%s at %s of %s GT/s" % (bdf, cw, mw or "?", cs, ms or "?"))
+        if cw < want or (mw and cw < mw):
+            narrow.append(bdf)
+        elif ms and cs < ms:
+            slow.append(bdf)
+    evidence = "; ".join(parts)
+    if narrow:
+        return _finding("gpu_pcie_link", "warning", "GPU link narrower than x%d: %s" % (want, ", ".join(narrow)),
+                        evidence,
+                        "Prompt processing copies experts over this link. Reseat the card in a CPU-attached x16 "
+                        "slot, check the BIOS slot bifurcation (x16) and risers.")
+    if unknown:
+        return _finding("gpu_pcie_link", "info", "GPU link width could not be read: %s" % ", ".join(unknown),
+                        evidence, "Read `lspci -vv -s <bdf> | grep -E 'LnkCap|LnkSta'` as root.")
+    if slow:
+        return _finding("gpu_pcie_link", "info", "GPU link below its top speed (normal at idle): %s" % ", ".join(slow),
+                        evidence,
+                        "GPUs drop to Gen1 when idle; re-read under load (`nvidia-smi -q -d PCIE` while "
+                        "serving). If it stays low: BIOS PCIe link speed = Auto, check risers.")
+    return _finding("gpu_pcie_link", "ok", "Every GPU link runs at full width and speed", evidence, "Nothing to do.")
+
+
+def check_aspm(raw):
+    policy = (raw.get("hardware") or {}).get("pcie_aspm_policy")
+    fix = ("Kernel command line `pcie_aspm.policy=performance` (kernel_tuning role) or BIOS: Advanced > PCI "
+           "Subsystem Settings > ASPM Support = Disabled. `pcie_aspm=off` does not disable it.")
+    if not policy:
+        return _finding("pcie_aspm", "info", "The ASPM policy could not be read",
+                        "no /sys/module/pcie_aspm/parameters/policy",
+                        "Read `lspci -vv | grep 'LnkCtl:.*ASPM'`; the firmware decides. " + fix)
+    evidence = "pcie_aspm policy [%s]" % policy
+    if policy == "performance":
+        return _finding("pcie_aspm", "ok", "PCIe ASPM policy is performance", evidence, "Nothing to do.")
+    if policy == "default":
+        return _finding("pcie_aspm", "warning", "PCIe ASPM is left to the firmware (policy default)", evidence,
+                        "Links may enter low-power states between expert copies. " + fix)
+    return _finding("pcie_aspm", "warning", "PCIe ASPM saves power on the GPU links (policy %s)" % policy, evidence,
+                    "Waking a link adds latency to every copy. " + fix)
+
+
+def check_governor(raw):
+    cpufreq = raw.get("cpufreq") or {}
+    counts = parse_governors(cpufreq.get("stdout"))
+    want = raw.get("governor") or "performance"
+    if not counts:
+        return _finding("cpu_governor", "info", "No CPU frequency governor (no cpufreq in this kernel or VM)",
+                        (cpufreq.get("stderr") or "no scaling_governor under /sys/devices/system/cpu/cpufreq").strip(),
+                        "Nothing to do here; on bare metal check `cpupower frequency-info`.")
+    evidence = ", ".join("%s: %d polic%s" % (g, n, "y" if n == 1 else "ies") for g, n in sorted(counts.items()))
+    others = sorted(g for g in counts if g != want)
+    if not others:
+        return _finding("cpu_governor", "ok", "Every CPU runs the %s governor" % want, evidence, "Nothing to do.")
+    return _finding("cpu_governor", "warning", "CPU governor %s instead of %s" % ("/".join(others), want), evidence,
+                    "Set `kernel_tuning_cpufreq_governor: %s` (kernel_tuning role) or `cpupower frequency-set -g %s`; "
+                    "BIOS: Determinism Slider = Performance." % (want, want))
+
+
+CHECKS = (check_service, check_engine_flags, check_engine_errors, check_nvidia_driver, check_gpu_present,
+          check_numa_balancing, check_nps, check_memory_channels, check_smt, check_page_cache, check_gpu_links,
+          check_aspm, check_governor)
+
+
+# ------------------------------------------------------------------------------ rank + render
+
+def rank(findings):
+    """Most severe first; within a severity, the troubleshooting tree's order; then as found."""
+    def key(item):
+        index, finding = item
+        order = ORDER.index(finding["id"]) if finding["id"] in ORDER else len(ORDER)
+        return (SEVERITIES.index(finding["severity"]), order, index)
+
+    ranked = []
+    for position, (_index, finding) in enumerate(sorted(enumerate(findings), key=key), 1):
+        finding = dict(finding)
+        finding["rank"] = position
+        ranked.append(finding)
+    return ranked
+
+
+def summarize(findings):
+    counts = dict((s, 0) for s in SEVERITIES)
+    for finding in findings:
+        counts[finding["severity"]] += 1
+    return counts
+
+
+def diagnose(raw):
+    """All checks on the raw values, ranked: {findings, summary}."""
+    findings = []
+    for check in CHECKS:
+        result = check(raw or {})
+        findings.extend(result if isinstance(result, list) else [result])
+    ranked = rank(findings)
+    return {"findings": ranked, "summary": summarize(ranked)}
+
+
+def failing(findings, fail_on="none"):
+    """Findings at or above the doctor_fail_on threshold (none: never)."""
+    if fail_on not in SEVERITIES[:2]:
+        return []
+    limit = SEVERITIES.index(fail_on)
+    return [f for f in findings or [] if SEVERITIES.index(f["severity"]) <= limit]
+
+
+def text(report):
+    """The ranked list for the play output, one multi-line string (the yaml callback prints it as a block)."""
+    summary = report["summary"]
+    lines = ["%d critical, %d warning, %d info, %d ok" % tuple(summary[s] for s in SEVERITIES)]
+    for f in report["findings"]:
+        lines.append("%d. [%s] %s" % (f["rank"], f["severity"].upper(), f["title"]))
+        if f["severity"] != "ok":
+            lines.append("   evidence: %s" % f["evidence"])
+            lines.append("   fix: %s" % f["fix"])
+    return "\n".join(lines) + "\n"
+
+
+def markdown(report, host=""):
+    summary = report["summary"]
+    out = ["<!-- Written by the doctor role (hybrid-moe-kit); regenerated on every run. -->",
+           "# Doctor report: %s" % host, "",
+           "%d critical, %d warning, %d info, %d ok" % tuple(summary[s] for s in SEVERITIES), "",
+           "| # | severity | check | finding |", "|---|---|---|---|"]
+    for f in report["findings"]:
+        out.append("| %d | %s | %s | %s |" % (f["rank"], f["severity"], f["id"], f["title"].replace("|", "/")))
+    out += ["", "## Findings and fixes", ""]
+    for f in report["findings"]:
+        if f["severity"] == "ok":
+            continue
+        out += ["### %d. %s (%s)" % (f["rank"], f["title"], f["severity"]), "",
+                "- evidence: `%s`" % str(f["evidence"]).replace("`", "'"), "- fix: %s" % f["fix"], ""]
+    return "\n".join(out) + "\n"
+
+
+class FilterModule(object):
+    def filters(self):
+        return {
+            "doctor_diagnose": diagnose,
+            "doctor_failing": failing,
+            "doctor_text": text,
+            "doctor_markdown": markdown,
+        }
