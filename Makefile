@@ -10,11 +10,12 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 DEB_PACKAGES := qemu-system-x86 qemu-utils debootstrap grub-pc-bin grub2-common e2fsprogs fdisk \
 	openssh-client docker.io python3-venv git rsync curl
 LAB_ARGS ?=
+LAB_KIND ?= container
 
 .PHONY: help deps venv image lab lab-down lint syntax unit integration cuda-sample molecule test test-quick bench clean
 
 help:
-	@echo "make lab         twin of an EPYC node as epyc-node + site.yml against it"
+	@echo "make lab         twin of an EPYC node as epyc-node + site.yml against it (LAB_KIND=container|vm)"
 	@echo "make lab-down    remove the twin"
 	@echo "make test        everything CI runs: lint, syntax, unit tests, every Molecule scenario"
 	@echo "make test-quick  lint, syntax, unit tests (no twins)"
@@ -39,9 +40,17 @@ $(VENV)/.requirements.sha256: requirements.txt
 image: deps
 	scripts/twin image
 
+# A container twin (default) gets the offline fixtures mounted (scripts/lab-fixtures: the engine's repository,
+# the tiny model, the compiler cache) and runs every stage. A VM twin shares no directories with the host, so
+# it runs the stages that need nothing from outside: preflight, gpu, kernel and the reboot.
 lab: deps venv image
-	scripts/twin up --name epyc-node --port 2222 $(LAB_ARGS)
+ifeq ($(LAB_KIND),vm)
+	scripts/twin up --name epyc-node --port 2222 --kind vm $(LAB_ARGS)
+	ansible-playbook site.yml -l epyc-node --tags preflight,gpu,kernel,reboot
+else
+	scripts/twin up --name epyc-node --port 2222 --kind $(LAB_KIND) $$(scripts/lab-fixtures --volume-args) $(LAB_ARGS)
 	ansible-playbook site.yml -l epyc-node
+endif
 
 lab-down:
 	scripts/twin down epyc-node
