@@ -1,0 +1,81 @@
+"""The day-2 playbooks keep their safety contract: one node at a time, stop at the first failure, roll back first.
+
+molecule/day2_fleet runs them for real; these checks catch an edit that would loosen the contract (a serial that is
+no longer 1 by default, a rescue that forgets to restore the service) before a fleet does.
+"""
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _play(name):
+    plays = yaml.safe_load((REPO / "playbooks" / name).read_text())
+    assert len(plays) == 1
+    return plays[0]
+
+
+def _block(play):
+    blocks = [t for t in play["tasks"] if "block" in t]
+    assert len(blocks) == 1
+    return blocks[0]
+
+
+def _includes(tasks):
+    return [(t["ansible.builtin.include_role"]["name"], t["ansible.builtin.include_role"].get("tasks_from"), t.get("vars", {}))
+            for t in tasks if "ansible.builtin.include_role" in t]
+
+
+def _rolling(play, serial_var):
+    assert play["hosts"] == "inference_nodes"
+    assert play["serial"] == "{{ %s | default(1) }}" % serial_var
+    assert play["max_fail_percentage"] == 0
+    assert play["become"] is True
+
+
+def test_upgrade_is_rolling_and_stops_at_the_first_failed_node():
+    _rolling(_play("upgrade.yml"), "upgrade_serial")
+
+
+def test_upgrade_remembers_the_build_before_building():
+    play = _play("upgrade.yml")
+    first = _includes(play["tasks"])[0]
+    assert first[:2] == ("llama_build", "current.yml")
+    names = [t["name"] for t in play["tasks"]]
+    assert names.index("The build to come back to is remembered") < names.index(_block(play)["name"])
+
+
+def test_upgrade_builds_then_gates_and_rolls_back_then_fails():
+    block = _block(_play("upgrade.yml"))
+    assert [(r, f) for r, f, _ in _includes(block["block"])] == [("llama_build", None), ("inference_service", None)]
+    rescue = block["rescue"]
+    included = _includes(rescue)
+    rollback = [v for r, f, v in included if r == "llama_build" and f is None]
+    assert rollback == [{"llama_build_rollback_to": "{{ upgrade_previous_key }}"}]
+    # The unit is re-applied after current moved back, so its arguments match the previous build.
+    assert included[-1][:2] == ("inference_service", None)
+    assert "ansible.builtin.fail" in rescue[-1]
+
+
+def test_model_swap_is_rolling_and_restores_the_old_model():
+    play = _play("model-swap.yml")
+    _rolling(play, "model_swap_serial")
+    block = _block(play)
+    assert _includes(block["block"]) == [
+        ("model_sync", None, {"model_sync_models": ["{{ model_swap_model }}"]}),
+        ("inference_service", None, {"inference_service_model_path": "{{ model_swap_new_path }}"}),
+    ]
+    assert _includes(block["rescue"]) == [
+        ("inference_service", None, {"inference_service_model_path": "{{ model_swap_previous_path }}"})]
+    assert "ansible.builtin.fail" in block["rescue"][-1]
+
+
+def test_model_swap_deletes_the_old_model_only_when_asked_and_after_success():
+    play = _play("model-swap.yml")
+    tasks = play["tasks"]
+    removals = [t for t in tasks if t.get("ansible.builtin.file", {}).get("state") == "absent"]
+    assert len(removals) == 1
+    # After the block: a failed swap never reaches it.
+    assert tasks.index(removals[0]) > tasks.index(_block(play))
+    assert "model_swap_remove_old | default(false) | bool" in removals[0]["when"]
