@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """model_sync throughput against plain curl, and the bytes re-fetched after an interruption.
 
-Serves a few hundred MB of generated files from the test store (molecule/model_sync_transfer/files/
+Serves several GB of generated files from the test store (molecule/model_sync_transfer/files/
 ranged_http_server.py) on 127.0.0.1, then in the same run:
   1. plain curl of every file (as many curl processes at once as the sync's parallelism), to disk, and the
      same plus an fsync of each file (the sync makes every file durable before publishing it);
@@ -10,7 +10,7 @@ ranged_http_server.py) on 127.0.0.1, then in the same run:
   3. a sync whose transfer is cut at 40% of one file (no retry), then the re-run: bytes re-fetched.
 Prints the numbers; does not gate (the machine is shared and noisy).
 
-  benchmarks/model_sync.py [--mb 1024] [--rounds 3] [--files 2] [--parallel 2] [--workdir /var/tmp/hmk-bench-model-sync]
+  benchmarks/model_sync.py [--mb 8192] [--rounds 3] [--files 2] [--parallel 2] [--workdir /var/tmp/hmk-bench-model-sync]
 """
 import argparse
 import hashlib
@@ -52,7 +52,9 @@ def served(stats_path):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mb", type=int, default=1024, help="total size of the generated files")
+    ap.add_argument("--mb", type=int, default=8192,
+                    help="total size of the generated files (default 8192: more than the page cache absorbs as dirty "
+                         "pages on a 24 GiB machine, as every real model is; a small size measures the page cache)")
     ap.add_argument("--rounds", type=int, default=3, help="curl / model_sync pairs, interleaved; medians are printed")
     ap.add_argument("--files", type=int, default=2)
     ap.add_argument("--parallel", type=int, default=2)
