@@ -93,7 +93,7 @@ stamp source "$t"
 mapfile -t ARGS < <("$PYTHON" - "$KIT" "$nvcc_release" <<'PY'
 import importlib.util, sys, yaml
 kit, cuda = sys.argv[1], sys.argv[2]
-spec = importlib.util.spec_from_file_location("lb", kit + "/roles/llama_build/filter_plugins/llama_build.py")
+spec = importlib.util.spec_from_file_location("lb", kit + "/plugins/filter/llama_build.py")
 lb = importlib.util.module_from_spec(spec); spec.loader.exec_module(lb)
 profile = yaml.safe_load(open(kit + "/inventories/production/group_vars/genoa_1gpu/hardware.yml"))["hmk_hardware"]
 defaults = yaml.safe_load(open(kit + "/roles/llama_build/defaults/main.yml"))

@@ -1,6 +1,8 @@
-"""Make the role's pure module_utils importable as a plain module (no Ansible needed)."""
+"""The repository is the collection hmk.moe_kit (.collections/ansible_collections/hmk/moe_kit links back to
+the root): with .collections on sys.path the tests import the shared Python exactly as the roles do,
+`from ansible_collections.hmk.moe_kit.plugins.module_utils import ...`, without Ansible's loader."""
 import os
 import sys
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-sys.path.insert(0, os.path.join(ROOT, "roles", "bios_checklist", "module_utils"))
+sys.path.insert(0, os.path.join(ROOT, ".collections"))

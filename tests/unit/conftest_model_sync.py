@@ -16,12 +16,10 @@ CATALOG = os.path.join(ROOT, "roles", "model_sync", "vars", "catalog.yml")
 
 
 def load_module_utils():
-    """The role's module_utils as a plain module (it needs only the standard library)."""
-    path = os.path.join(ROOT, "roles", "model_sync", "module_utils", "hmk_model_sync.py")
-    spec = importlib.util.spec_from_file_location("hmk_model_sync", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The role's module_utils, imported as the roles import it (tests/unit/conftest.py puts .collections on sys.path)."""
+    sys.path.insert(0, os.path.join(ROOT, ".collections"))
+    from ansible_collections.hmk.moe_kit.plugins.module_utils import hmk_model_sync
+    return hmk_model_sync
 
 
 def catalog():

@@ -23,7 +23,9 @@ def _block(play):
 
 
 def _includes(tasks):
-    return [(t["ansible.builtin.include_role"]["name"], t["ansible.builtin.include_role"].get("tasks_from"), t.get("vars", {}))
+    """(role without the collection prefix, tasks_from, vars) of each include_role."""
+    return [(t["ansible.builtin.include_role"]["name"].removeprefix("hmk.moe_kit."),
+             t["ansible.builtin.include_role"].get("tasks_from"), t.get("vars", {}))
             for t in tasks if "ansible.builtin.include_role" in t]
 
 

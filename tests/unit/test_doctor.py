@@ -1,4 +1,4 @@
-"""doctor: every finding branch of roles/doctor/filter_plugins/doctor.py on literal inputs (what the tasks
+"""doctor: every finding branch of plugins/filter/doctor.py on literal inputs (what the tasks
 read on a node: systemctl show, journal lines, /proc and /sys values, nvidia-smi output, the bios_checklist
 module's parsed hardware), and the ranking order."""
 import copy
@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("doctor_filters", REPO / "roles" / "doctor" / "filter_plugins" / "doctor.py")
+_spec = importlib.util.spec_from_file_location("doctor_filters", REPO / "plugins" / "filter" / "doctor.py")
 doctor = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(doctor)
 

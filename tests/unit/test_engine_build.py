@@ -1,6 +1,6 @@
 """Unit tests for the engine build roles' Python pieces:
-roles/llama_build/filter_plugins/llama_build.py (flag derivation, pin check, keys, smoke parsing,
-pruning) and roles/ktransformers_build/filter_plugins/ktransformers_build.py (guardrails, build plan).
+plugins/filter/llama_build.py (flag derivation, pin check, keys, smoke parsing,
+pruning) and plugins/filter/ktransformers_build.py (guardrails, build plan).
 
 CPU flags are /proc/cpuinfo lines of the seed CPUs (EPYC 9374F Zen 4, EPYC 7B13 Zen 3) and of this
 bed's Xeon; profiles are the inventories' hardware.yml files, read from disk.
@@ -21,8 +21,8 @@ def _load(name, path):
     return module
 
 
-lb = _load("llama_build_filters", "roles/llama_build/filter_plugins/llama_build.py")
-kt = _load("ktransformers_build_filters", "roles/ktransformers_build/filter_plugins/ktransformers_build.py")
+lb = _load("llama_build_filters", "plugins/filter/llama_build.py")
+kt = _load("ktransformers_build_filters", "plugins/filter/ktransformers_build.py")
 
 
 def _yaml(path):

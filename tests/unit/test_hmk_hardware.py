@@ -1,4 +1,4 @@
-"""Unit tests for roles/bios_checklist/module_utils/hmk_hardware.py.
+"""Unit tests for plugins/module_utils/hmk_hardware.py.
 
 The public captures in tests/fixtures/hardware/ (see INDEX.md there) are asserted to yield what
 INDEX.md says a correct parser concludes; the odd cases live in tests/fixtures/hardware/own/.
@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-import hmk_hardware as hw
+from ansible_collections.hmk.moe_kit.plugins.module_utils import hmk_hardware as hw
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures", "hardware")
 

@@ -24,8 +24,8 @@ def _load(name, path):
     return module
 
 
-svc = _load("inference_service_filters", ROLE / "filter_plugins" / "inference_service.py")
-gguf_layout = _load("hmk_gguf_layout", ROLE / "library" / "hmk_gguf_layout.py")
+svc = _load("inference_service_filters", REPO / "plugins" / "filter" / "inference_service.py")
+gguf_layout = importlib.import_module("ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_gguf")
 
 # The flags table the llama_build role checks every build against; the pinned ik commit is 55d3c05 (2026-04-13).
 FLAG_TABLE = yaml.safe_load((REPO / "roles" / "llama_build" / "defaults" / "main.yml").read_text())["llama_build_engine_flags"]
@@ -415,7 +415,7 @@ def render_unit(**overrides):
     import jinja2
     env = jinja2.Environment(trim_blocks=True, undefined=jinja2.StrictUndefined)
     env.filters["comment"] = lambda text: "#\n# %s\n#" % text
-    env.filters["inference_service_systemd_word"] = svc.systemd_word
+    env.filters["hmk.moe_kit.inference_service_systemd_word"] = svc.systemd_word
     env.filters["basename"] = os.path.basename
     env.filters["dirname"] = os.path.dirname
     env.filters["bool"] = bool

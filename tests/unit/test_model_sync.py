@@ -11,6 +11,7 @@ import sys
 import pytest
 from gguf import GGUFReader
 
+from ansible_collections.hmk.moe_kit.plugins.module_utils import hmk_gguf
 from conftest_model_sync import RangedServer, catalog, generate, load_module_utils
 
 hmk = load_module_utils()
@@ -58,7 +59,7 @@ def test_reader_matches_gguf_py_on_every_key(store, model):
     entry = catalog()[model]
     for item in entry["files"]:
         path = str(store / entry["source_dir"] / item["name"])
-        ours = hmk.read_gguf_metadata(path, array_limit=None)
+        ours = hmk_gguf.read_gguf(path, array_limit=None)
         theirs = GGUFReader(path)
         assert ours["tensor_count"] == len(theirs.tensors)
         fields = {k: v for k, v in theirs.fields.items() if not k.startswith("GGUF.")}
@@ -75,7 +76,7 @@ def test_reader_matches_gguf_py_on_every_key(store, model):
 
 def test_reader_summarises_long_arrays_and_keeps_scalars(store):
     path = str(store / "tiny-qwen3moe" / "tiny-qwen3moe-00001-of-00003.gguf")
-    meta = hmk.read_gguf_metadata(path)
+    meta = hmk_gguf.read_gguf(path)
     assert meta["metadata"]["tokenizer.ggml.tokens"] == {"type": "array", "length": 512}
     assert meta["metadata"]["general.architecture"] == "qwen3moe"
     assert meta["metadata"]["qwen3moe.expert_count"] == 16
@@ -85,13 +86,13 @@ def test_reader_summarises_long_arrays_and_keeps_scalars(store):
 def test_reader_rejects_non_gguf_and_truncated_files(tmp_path, store):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"<html>not found</html>")
-    with pytest.raises(hmk.GGUFError, match="not a GGUF file"):
-        hmk.read_gguf_metadata(str(bad))
+    with pytest.raises(hmk_gguf.GGUFError, match="not a GGUF file"):
+        hmk_gguf.read_gguf(str(bad))
     src = store / "tiny-qwen3moe" / "tiny-qwen3moe-00001-of-00003.gguf"
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(src.read_bytes()[:2000])
-    with pytest.raises(hmk.GGUFError, match="truncated"):
-        hmk.read_gguf_metadata(str(cut))
+    with pytest.raises(hmk_gguf.GGUFError, match="truncated"):
+        hmk_gguf.read_gguf(str(cut))
 
 
 def test_reader_handles_big_endian_headers(tmp_path):
@@ -102,14 +103,14 @@ def test_reader_handles_big_endian_headers(tmp_path):
     body += s("qwen3moe.expert_count") + struct.pack(">II", 4, 128)
     path = tmp_path / "be.gguf"
     path.write_bytes(body)
-    meta = hmk.read_gguf_metadata(str(path))
+    meta = hmk_gguf.read_gguf(str(path))
     assert meta["metadata"] == {"general.architecture": "qwen3moe", "qwen3moe.expert_count": 128}
 
 
 def test_check_gguf_accepts_the_catalog_and_names_each_mismatch(store):
     entry = catalog()["tiny-deepseek2"]
     names = [f["name"] for f in entry["files"]]
-    metas = [hmk.read_gguf_metadata(str(store / "tiny-deepseek2" / n)) for n in names]
+    metas = [hmk_gguf.read_gguf(str(store / "tiny-deepseek2" / n)) for n in names]
     assert [hmk.check_gguf(m, entry["gguf"], i, 2) for i, m in enumerate(metas)] == [[], []]
     wrong = dict(entry["gguf"], expert_count=256, rope_freq_base=50000.0, rope_scaling_type="yarn")
     problems = hmk.check_gguf(metas[0], wrong, 0, 2)

@@ -1,4 +1,4 @@
-"""Unit tests for roles/nvidia_driver/filter_plugins/hmk_nvidia.py: the toolkit/driver table, version
+"""Unit tests for plugins/filter/hmk_nvidia.py: the toolkit/driver table, version
 parsing (odd versions included), the Blackwell/open-module and CUDA 13 architecture rules, the
 error texts, the repository key fingerprint and the post-check parsers."""
 import base64
@@ -10,7 +10,7 @@ import sys
 import pytest
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-sys.path.insert(0, os.path.join(ROOT, "roles", "nvidia_driver", "filter_plugins"))
+sys.path.insert(0, os.path.join(ROOT, "plugins", "filter"))
 
 nv = importlib.import_module("hmk_nvidia")
 

@@ -24,7 +24,7 @@ def _load(name, path):
     return module
 
 
-val = _load("validate_filters", ROLE / "filter_plugins" / "validate.py")
+val = _load("validate_filters", REPO / "plugins" / "filter" / "validate.py")
 
 
 def _profile(path):

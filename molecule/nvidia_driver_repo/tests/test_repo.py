@@ -10,7 +10,7 @@ import sys
 import pytest
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
-sys.path.insert(0, os.path.join(ROOT, "roles", "nvidia_driver", "filter_plugins"))
+sys.path.insert(0, os.path.join(ROOT, "plugins", "filter"))
 nv = importlib.import_module("hmk_nvidia")
 
 STANDIN_DIR = os.environ.get("HMK_STANDIN_DIR", "/var/tmp/hybrid-moe-kit/molecule-nvidia_driver_repo")

@@ -1,5 +1,5 @@
 # -*- coding: utf-8 -*-
-"""Model sync logic for hybrid-moe-kit: GGUF metadata reader, catalog rules, free-space arithmetic and
+"""Model sync logic for hybrid-moe-kit: GGUF checks against the catalog (the reader is hmk_gguf), catalog rules, free-space arithmetic and
 the resumable, verified fetch. Pure Python 3 standard library, so the node needs no extra packages and
 the unit tests import it without Ansible.
 
@@ -14,26 +14,17 @@ import json
 import os
 import re
 import shutil
-import struct
 import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_gguf import GGUFError, read_gguf
+
 __metaclass__ = type
 
 CHUNK = 4 * 1024 * 1024
-GGUF_MAGIC = b"GGUF"
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-
-# GGUF value types (ggml's gguf.h): code -> (struct format, size); 8 is string, 9 is array.
-_SCALARS = {0: ("B", 1), 1: ("b", 1), 2: ("H", 2), 3: ("h", 2), 4: ("I", 4), 5: ("i", 4),
-            6: ("f", 4), 7: ("?", 1), 10: ("Q", 8), 11: ("q", 8), 12: ("d", 8)}
-_STRING, _ARRAY = 8, 9
-
-
-class GGUFError(Exception):
-    """The file is not a GGUF file this reader understands (bad magic, version or truncated)."""
 
 
 class SyncError(Exception):
@@ -41,72 +32,6 @@ class SyncError(Exception):
 
 
 # --------------------------------------------------------------------------------------------- GGUF
-
-class _Reader:
-    def __init__(self, handle, endian):
-        self.handle, self.endian = handle, endian
-
-    def take(self, size):
-        data = self.handle.read(size)
-        if len(data) != size:
-            raise GGUFError("truncated GGUF header at byte %d" % self.handle.tell())
-        return data
-
-    def scalar(self, fmt, size):
-        return struct.unpack(self.endian + fmt, self.take(size))[0]
-
-    def string(self):
-        length = self.scalar("Q", 8)
-        if length > 1 << 30:
-            raise GGUFError("implausible string length %d at byte %d" % (length, self.handle.tell()))
-        return self.take(length).decode("utf-8", errors="replace")
-
-    def value(self, vtype, array_limit):
-        if vtype in _SCALARS:
-            return self.scalar(*_SCALARS[vtype])
-        if vtype == _STRING:
-            return self.string()
-        if vtype == _ARRAY:
-            etype = self.scalar("I", 4)
-            count = self.scalar("Q", 8)
-            keep = array_limit is None or count <= array_limit
-            if etype in _SCALARS and not keep:
-                fmt, size = _SCALARS[etype]
-                self.handle.seek(count * size, os.SEEK_CUR)
-                return {"type": "array", "length": count}
-            items = [self.value(etype, array_limit) for _ in range(count)]
-            return items if keep else {"type": "array", "length": count}
-        raise GGUFError("unknown GGUF value type %d at byte %d" % (vtype, self.handle.tell()))
-
-
-def read_gguf_metadata(path, array_limit=64):
-    """Header and key/value metadata of a GGUF file (tensor data is not read).
-
-    Arrays longer than `array_limit` (e.g. the token list) come back as {"type": "array", "length": n};
-    `array_limit=None` keeps them all. Returns {"version", "tensor_count", "kv_count", "metadata"}.
-    """
-    with open(path, "rb") as handle:
-        magic = handle.read(4)
-        if magic != GGUF_MAGIC:
-            raise GGUFError("%s is not a GGUF file (magic %r)" % (path, magic))
-        raw_version = handle.read(4)
-        if len(raw_version) != 4:
-            raise GGUFError("%s is truncated in its header" % path)
-        version = struct.unpack("<I", raw_version)[0]
-        endian = "<"
-        if version & 0xFFFF == 0:  # a big-endian file read as little-endian
-            endian, version = ">", struct.unpack(">I", raw_version)[0]
-        if version not in (2, 3):
-            raise GGUFError("%s has GGUF version %d; this reader knows 2 and 3" % (path, version))
-        reader = _Reader(handle, endian)
-        tensor_count = reader.scalar("Q", 8)
-        kv_count = reader.scalar("Q", 8)
-        metadata = {}
-        for _ in range(kv_count):
-            key = reader.string()
-            metadata[key] = reader.value(reader.scalar("I", 4), array_limit)
-    return {"version": version, "tensor_count": tensor_count, "kv_count": kv_count, "metadata": metadata}
-
 
 # What a catalog's `gguf:` block may say, and where GGUF keeps it ({arch} is general.architecture).
 GGUF_EXPECT_KEYS = {
@@ -637,7 +562,7 @@ class Syncer:
 
     def _gguf_problems(self, path, name):
         try:
-            meta = read_gguf_metadata(path)
+            meta = read_gguf(path)
         except GGUFError as exc:
             return [str(exc)]
         return check_gguf(meta, self.gguf_expect, self.gguf_names.index(name), len(self.gguf_names))

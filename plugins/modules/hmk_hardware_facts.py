@@ -72,7 +72,7 @@ import glob
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.hmk_hardware import (
+from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_hardware import (
     UNKNOWN, apply_waivers, evaluate, isa_summary, normalize_bdf, parse_bracketed, parse_cpuinfo_flags,
     parse_dmidecode_memory, parse_lscpu, parse_lspci_link, parse_meminfo_total_gb, parse_mokutil_sb_state,
     parse_numactl, parse_nvidia_smi_csv, parse_sysfs_link, render_markdown, render_table, summarize)

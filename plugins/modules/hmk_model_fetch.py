@@ -155,7 +155,7 @@ import grp
 import pwd
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.hmk_model_sync import ProgressLog, Source, SyncError, Syncer, validate_catalog
+from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_model_sync import ProgressLog, Source, SyncError, Syncer, validate_catalog
 
 
 def main():
