@@ -183,7 +183,8 @@ def guardrails(request):
     physical_cores, threadpool_count, numa_nodes, weight_path, weight_kind (safetensors | gguf | missing |
     empty), weight_bytes, model_arch (config.json model_type or GGUF general.architecture), model_arch_gguf, mem_total_bytes,
     gpu_archs (list), gpu_count, cuda_version (nvcc's X.Y, '' without a toolkit), attention_backend,
-    serve (bool: sglang-kt is installed and served), kt_version (version.py at the pin),
+    serve (bool: sglang-kt is installed and served), build (false: the service's check, no toolkit needed),
+    kt_version (version.py at the pin),
     package_versions ({package: version} requested), tensor_parallel_size.
     """
     reasons = []
@@ -244,10 +245,11 @@ def guardrails(request):
         reasons.append("sglang-kt serves attention and the KV cache on a GPU and the hardware profile declares none; "
                        "build kt-kernel alone (ktransformers_build_serve: false) or serve with ik_llama.cpp")
     cuda = _version_tuple(request.get("cuda_version"))
-    if archs and cuda is None:
+    build = bool(request.get("build", True))
+    if build and archs and cuda is None:
         reasons.append("no CUDA toolkit (nvcc) at %s: kt-kernel's CUDA path (CPUINFER_USE_CUDA=1) compiles with it"
                        % (request.get("cuda_home") or "/usr/local/cuda-X.Y"))
-    if "120" in archs and cuda is not None and cuda < (12, 8):
+    if build and "120" in archs and cuda is not None and cuda < (12, 8):
         reasons.append("sm_120 (RTX 5090, Blackwell) needs CUDA >= 12.8 and torch's cu128 wheels; the toolkit is %d.%d" % cuda)
     backend = str(request.get("attention_backend") or "")
     if backend == "fa3":
