@@ -394,6 +394,11 @@ def ready_timeout(model_bytes, base=60, per_gb=2):
     return int(base + per_gb * ((int(model_bytes) + GB - 1) // GB))
 
 
+def file_entry(found):
+    """One model file as the state record keeps it (path, size, mtime), from an ansible.builtin.find result, as JSON."""
+    return json.dumps({"path": found["path"], "size": int(found["size"]), "mtime": int(found["mtime"])}, sort_keys=True)
+
+
 def config_hash(value):
     """A short stable hash of the service's configuration (anything JSON-serialisable)."""
     blob = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
@@ -418,4 +423,5 @@ class FilterModule(object):
             "inference_service_threads": physical_cores,
             "inference_service_ready_timeout": ready_timeout,
             "inference_service_config_hash": config_hash,
+            "inference_service_file_entry": file_entry,
         }
