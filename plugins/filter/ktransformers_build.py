@@ -294,7 +294,8 @@ def build_plan(request):
     """Environment and commands of one build into <root>/staging/<key>/venv (moved to builds/<key> after).
 
     request: root, key, src (checkout), python, env (build_env), torch_spec, pip_args (index options),
-    packages (runtime dependencies installed first), serve (bool: install sglang-kt from the checkout).
+    packages (runtime dependencies installed first), serve (bool: install sglang-kt from the checkout),
+    toolkit (nvcc's version, '' without CUDA: part of the key, so a new toolkit builds anew).
     """
     root = str(request["root"]).rstrip("/")
     venv = "%s/builds/%s/venv" % (root, request["key"])
@@ -310,12 +311,14 @@ def build_plan(request):
         commands.append(pip + [src + "/third_party/sglang/python"])
     # The build tools come from the venv (--no-build-isolation): pybind11 and llama.cpp are vendored.
     commands.append(pip + ["--no-build-isolation", "--no-deps", src + "/kt-kernel"])
-    return {"venv": venv, "env": dict(request.get("env") or {}), "commands": commands, "chdir": src + "/kt-kernel"}
+    return {"venv": venv, "env": dict(request.get("env") or {}), "commands": commands, "chdir": src + "/kt-kernel",
+            "toolkit": str(request.get("toolkit") or "")}
 
 
 def plan_hash(plan, root):
-    """8 hex digits over the build's environment and commands, the build's own directory abstracted."""
-    blob = json.dumps({"env": plan["env"], "commands": plan["commands"]}, sort_keys=True)
+    """8 hex digits over the build's environment, commands and nvcc's version, the build's own directory abstracted."""
+    blob = json.dumps({"env": plan["env"], "commands": plan["commands"], "toolkit": plan.get("toolkit", "")},
+                      sort_keys=True)
     blob = re.sub(re.escape(str(root).rstrip("/")) + r"/builds/[^/\"]+", "<build>", blob)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:8]
 

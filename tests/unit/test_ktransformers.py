@@ -236,6 +236,8 @@ def test_key_follows_the_plan_not_its_own_directory():
     assert a.startswith("95009ea6856c-")
     assert a == kt.build_key(PIN, plan(a), "/opt/hmk/engines/ktransformers")
     assert a != kt.build_key(PIN, plan("pending", env=env_for(ZEN3_FLAGS, ["89"])), "/opt/hmk/engines/ktransformers")
+    newer_nvcc = dict(plan("pending"), toolkit="12.9")
+    assert a != kt.build_key(PIN, newer_nvcc, "/opt/hmk/engines/ktransformers")
     with pytest.raises(kt.AnsibleFilterError):
         kt.build_key("95009ea6", plan(), "/opt/hmk/engines/ktransformers")
 
