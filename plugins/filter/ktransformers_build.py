@@ -301,16 +301,18 @@ def build_plan(request):
     venv = "%s/builds/%s/venv" % (root, request["key"])
     src = str(request.get("src") or root + "/src")
     pip = [venv + "/bin/python", "-m", "pip", "install", "--no-input"] + [str(a) for a in request.get("pip_args") or []]
+    # kt-kernel compiles first (its cmake needs no torch), so a commit that does not compile fails in seconds
+    # after the cache hits, before gigabytes of wheels are installed. The build tools come from the venv
+    # (--no-build-isolation): pybind11 and llama.cpp are vendored.
     commands = [
         [str(request.get("python") or "python3"), "-m", "venv", venv],
-        pip + [str(request["torch_spec"])] + [str(a) for a in request.get("torch_args") or []],
         pip + [str(p) for p in request.get("packages") or []],
+        pip + ["--no-build-isolation", "--no-deps", src + "/kt-kernel"],
+        pip + [str(request["torch_spec"])] + [str(a) for a in request.get("torch_args") or []],
     ]
     if request.get("serve"):
         # Upstream's install.sh installs its SGLang fork from the submodule, versioned by SGLANG_KT_VERSION.
         commands.append(pip + [src + "/third_party/sglang/python"])
-    # The build tools come from the venv (--no-build-isolation): pybind11 and llama.cpp are vendored.
-    commands.append(pip + ["--no-build-isolation", "--no-deps", src + "/kt-kernel"])
     return {"venv": venv, "env": dict(request.get("env") or {}), "commands": commands, "chdir": src + "/kt-kernel",
             "toolkit": str(request.get("toolkit") or "")}
 

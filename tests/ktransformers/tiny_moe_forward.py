@@ -13,8 +13,9 @@ stream (CPUInfer.submit_with_cuda_stream/sync_with_cuda_stream enqueue the task 
 here the task is submitted directly, which is what that callback does), and pinned host buffers (a CPU-only
 torch cannot pin memory, so the wrapper's buffers are allocated unpinned).
 
-  tiny_moe_forward.py MODEL_DIR [--threads N] [--tokens 1,7] [--tolerance 0.02]
-Prints one JSON line; exit status 1 when a layer differs by more than the tolerance.
+  tiny_moe_forward.py MODEL_DIR [--threads N] [--tokens 1,7] [--tolerance 0.02] [--out RESULT.json]
+Writes the result as JSON (to --out, else stdout: kt-kernel prints its own lines there too); exit status 1 when
+a layer differs by more than the tolerance.
 """
 import argparse
 import json
@@ -84,6 +85,7 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--tokens", default="1,7")
     parser.add_argument("--tolerance", type=float, default=0.02)
+    parser.add_argument("--out")
     args = parser.parse_args()
 
     import kt_kernel
@@ -131,9 +133,14 @@ def main():
                             "layer_rel_diff": round(layer_diff, 6), "experts": ids.tolist(),
                             "nonzero": bool(routed.abs().sum() > 0)})
     ok = worst <= args.tolerance and all(r["nonzero"] for r in results)
-    print(json.dumps({"ok": ok, "worst_rel_diff": round(worst, 6), "tolerance": args.tolerance,
-                      "cpu_variant": kt_kernel.__cpu_variant__, "cpu_only_adapters": cpu_only,
-                      "torch": torch.__version__, "layers": results}, sort_keys=True))
+    result = json.dumps({"ok": ok, "worst_rel_diff": round(worst, 6), "tolerance": args.tolerance,
+                         "cpu_variant": kt_kernel.__cpu_variant__, "cpu_only_adapters": cpu_only,
+                         "torch": torch.__version__, "layers": results}, sort_keys=True)
+    if args.out:
+        with open(args.out, "w") as handle:
+            handle.write(result + "\n")
+    else:
+        print(result)
     return 0 if ok else 1
 
 

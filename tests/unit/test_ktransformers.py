@@ -221,13 +221,14 @@ def plan(key="k", serve=True, env=None):
                           "env": env or env_for(ZEN4_FLAGS, ["120"])})
 
 
-def test_plan_installs_torch_then_sglang_kt_then_kt_kernel_from_one_checkout():
+def test_plan_compiles_kt_kernel_then_installs_torch_and_sglang_kt_from_one_checkout():
     p = plan()
     pip = ["/opt/hmk/engines/ktransformers/builds/k/venv/bin/python", "-m", "pip", "install", "--no-input"]
     assert p["commands"][0] == ["python3", "-m", "venv", "/opt/hmk/engines/ktransformers/builds/k/venv"]
-    assert p["commands"][1] == pip + ["torch==2.9.1", "--index-url", "https://download.pytorch.org/whl/cu128"]
-    assert p["commands"][3] == pip + ["/opt/hmk/engines/ktransformers/src/third_party/sglang/python"]
-    assert p["commands"][4] == pip + ["--no-build-isolation", "--no-deps", "/opt/hmk/engines/ktransformers/src/kt-kernel"]
+    assert p["commands"][1] == pip + ["numpy>=1.24.0"]
+    assert p["commands"][2] == pip + ["--no-build-isolation", "--no-deps", "/opt/hmk/engines/ktransformers/src/kt-kernel"]
+    assert p["commands"][3] == pip + ["torch==2.9.1", "--index-url", "https://download.pytorch.org/whl/cu128"]
+    assert p["commands"][4] == pip + ["/opt/hmk/engines/ktransformers/src/third_party/sglang/python"]
     assert len(plan(serve=False)["commands"]) == 4
 
 
