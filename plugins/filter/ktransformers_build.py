@@ -228,7 +228,7 @@ def guardrails(request):
             path, kind))
     family = arch_family(request.get("model_arch"))
     if not family:
-        reasons.append("the served model's architecture %r (from the catalog or the model's own files) is not one the "
+        reasons.append("the served model's architecture %r (config.json model_type or GGUF header) is not one the "
                        "kit serves with KTransformers (DeepSeek-V3/R1, Qwen3-MoE)" % (request.get("model_arch"),))
     gguf_family = arch_family(request.get("model_arch_gguf"))
     if request.get("model_arch_gguf") and family and gguf_family != family:
