@@ -12,7 +12,7 @@ DEB_PACKAGES := qemu-system-x86 qemu-utils debootstrap grub-pc-bin grub2-common 
 LAB_ARGS ?=
 LAB_KIND ?= container
 
-.PHONY: help deps venv image lab lab-down lint syntax unit integration cuda-sample molecule test test-quick bench clean
+.PHONY: help deps venv image lab lab-down lint syntax unit integration cuda-sample molecule kt-native test test-quick bench clean
 
 help:
 	@echo "make lab         twin of an EPYC node as epyc-node + site.yml against it (LAB_KIND=container|vm)"
@@ -72,6 +72,12 @@ integration: deps venv
 
 molecule: deps venv image
 	scripts/run-molecule
+
+# Slow, optional (not in `make test`): molecule/ktransformers with kt-kernel built for the NATIVE class of this
+# machine (-march=native, AMX where the CPU has it) instead of AVX2; a second cold kt-kernel build, ~15 min on 2 cores.
+kt-native: deps venv image
+	tests/fixtures/engines/make-kt-repo.sh >/dev/null
+	HMK_KT_CPU_INSTRUCT=auto HMK_KT_ENABLE_AMX=auto molecule test -s ktransformers
 
 # The CUDA path of the engine build: configure ik_llama.cpp with CUDA 13.0 (+ cuBLAS and cmake
 # from PyPI, pinned by hash) through the role's own flag derivation, compile a few CUDA objects.
