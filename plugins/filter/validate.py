@@ -200,7 +200,8 @@ def _server_options(argv):
 def bench_argv(server_argv, help_text, binary):
     """llama-bench arguments for the service's own settings, keeping only the flags this llama-bench accepts.
 
-    Maps -m, -t, -ngl, -b, -ub, -ctk, -ctv, -mla, -amb, -fa, -fmoe, --numa and -ot of the llama-server argv. Returns
+    Maps -m, -t (with -tb as ik's -tgb pair), -rtr, -ngl, -b, -ub, -ctk, -ctv, -mla, -amb, -fa, -fmoe, --numa and -ot
+    of the llama-server argv. Returns
     {"base": [binary and flags], "mapped": [...], "dropped": [flags of the service the bench does not accept]};
     bench_command adds the sizes of a pp or tg run.
     """
@@ -212,6 +213,20 @@ def bench_argv(server_argv, help_text, binary):
         _fail("the service's arguments have no -m MODEL")
     argv = [str(binary), "-m", options["-m"][0]]
     mapped, dropped = ["-m"], []
+    if "-tb" in options:
+        # ik's llama-bench sets generation and batch threads as one pair (-tgb T,TB); -t sets both to T.
+        if "-tgb" in accepted:
+            argv += ["-tgb", "%s,%s" % (options.get("-t", options["-tb"])[-1], options["-tb"][-1])]
+            mapped.append("-tb")
+            options.pop("-t", None)
+        else:
+            dropped.append("-tb")
+    if "-rtr" in options:
+        if "-rtr" in accepted:
+            argv += ["-rtr", "1"]
+            mapped.append("-rtr")
+        else:
+            dropped.append("-rtr")
     for flag in ("-t", "-ngl", "-b", "-ub", "-ctk", "-ctv", "-mla", "-amb"):
         if flag in options:
             if flag in accepted:
