@@ -35,7 +35,7 @@ except ImportError:  # imported without Ansible (unit tests in a bare interprete
     AnsibleFilterError = ValueError
 
 try:
-    from ansible_collections.hmk.moe_kit.plugins.filter.inference_service import placement_plan
+    from ansible_collections.hmk.moe_kit.plugins.filter.inference_service import LLAMA_STABLE_FLAGS, placement_plan
     from ansible_collections.hmk.moe_kit.plugins.filter.validate import bench_argv, bench_flags
 except ImportError:  # loaded by file path in unit tests without the collection on sys.path
     import importlib.util
@@ -48,7 +48,8 @@ except ImportError:  # loaded by file path in unit tests without the collection 
         spec.loader.exec_module(module)
         return module
 
-    placement_plan = _sibling("inference_service").placement_plan
+    _service = _sibling("inference_service")
+    placement_plan, LLAMA_STABLE_FLAGS = _service.placement_plan, _service.LLAMA_STABLE_FLAGS
     _validate = _sibling("validate")
     bench_argv, bench_flags = _validate.bench_argv, _validate.bench_flags
 
@@ -292,7 +293,8 @@ def space(inputs):
     opts = _options(argv[1:])
     help_text = inputs.get("help") or ""
     listed = bench_flags(help_text)
-    accepted = set(str(a) for a in inputs.get("accepted") or [])
+    # what the build's record lists, plus the flags every supported commit parses (inference_service's own list)
+    accepted = set(str(a) for a in inputs.get("accepted") or []) | set(LLAMA_STABLE_FLAGS)
     obj = inputs["objective"]
     cores, vcpus = int(inputs.get("cores") or 1), int(inputs.get("vcpus") or inputs.get("cores") or 1)
     threads = int(opts.get("-t") or cores)

@@ -26,7 +26,8 @@ tune = _load("tune_filters", REPO / "plugins" / "filter" / "tune.py")
 val = _load("validate_filters_for_tune", REPO / "plugins" / "filter" / "validate.py")
 ERR = tune.AnsibleFilterError
 BENCH = "/opt/hmk/engines/ik_llama.cpp/current/bin/llama-bench"
-ACCEPTED = [item["flag"] for item in IK_PINNED["accepted"]] + ["-tb"]
+# what a build record of the pinned commit lists (-tb is in inference_service's stable list, not the table)
+ACCEPTED = [item["flag"] for item in IK_PINNED["accepted"]]
 
 
 def deployment_for(layout, profile, threads=32, numa_nodes=1, **extra):
