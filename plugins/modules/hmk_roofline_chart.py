@@ -86,7 +86,7 @@ def draw(spec, path, width_px=1000, height_px=650):
     import matplotlib
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
-    from matplotlib.ticker import FormatStrFormatter
+    from matplotlib.ticker import FormatStrFormatter, LogFormatter
 
     figure = Figure(figsize=(width_px / float(DPI), height_px / float(DPI)), dpi=DPI)
     axes = figure.add_subplot(1, 1, 1)
@@ -111,7 +111,8 @@ def draw(spec, path, width_px=1000, height_px=650):
     axes.set_xlim(low, high)
     for axis in (axes.xaxis, axes.yaxis):
         axis.set_major_formatter(FormatStrFormatter("%g"))
-        axis.set_minor_formatter(FormatStrFormatter(""))
+        # a range under about a decade has no labelled major tick: label the minor ones then
+        axis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(1.2, 0.6)))
     axes.set_xlabel("routed-expert GB read per generated token")
     axes.set_ylabel("generation, tokens/s")
     axes.set_title(spec.get("title") or "Roofline", fontsize=11)
