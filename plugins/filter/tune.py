@@ -28,6 +28,7 @@ import datetime
 import json
 import math
 import re
+import textwrap
 
 try:
     from ansible.errors import AnsibleFilterError
@@ -633,7 +634,7 @@ def tuned_match(record, deployed, obj=None):
 def tuned_file(record, header=""):
     """The tuned file's YAML text (a stable rendering: the same record gives the same bytes)."""
     tuned_vars(record)
-    lines = ["---"] + ["# " + line for line in str(header).splitlines()] + ["tune_result:"]
+    lines = ["---"] + ["# " + line for line in textwrap.wrap(" ".join(str(header).split()), 100)] + ["tune_result:"]
     lines += _yaml(record, 1)
     return "\n".join(lines) + "\n"
 

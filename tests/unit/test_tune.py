@@ -354,6 +354,8 @@ def test_the_tuned_file_round_trips_through_yaml_and_applies_to_the_same_build_a
     record = tune.tuned_record(_result())
     text = tune.tuned_file(record, "Written by playbooks/tune.yml")
     assert text.startswith("---\n# Written by playbooks/tune.yml\ntune_result:\n")
+    long_header = tune.tuned_file(record, "word " * 100)
+    assert max(len(line) for line in long_header.splitlines()[:8]) <= 102  # an inventory's yamllint passes
     loaded = yaml.safe_load(text)["tune_result"]
     assert loaded == record
     assert tune.tuned_file(loaded, "Written by playbooks/tune.yml") == text  # stable bytes: a re-run changes nothing
