@@ -33,7 +33,8 @@ KV_TYPE_BYTES = {
 MLA_ARCHS = ("deepseek2",)
 # Flags every llama-server since the kit's oldest supported commit (2025-04) parses; the flags that
 # changed between commits come from llama_build's per-version table (llama_build_engine_flags).
-LLAMA_STABLE_FLAGS = ("-m", "--port", "-b", "--api-key-file", "--alias", "-np")
+LLAMA_STABLE_FLAGS = ("-m", "--port", "-b", "-tb", "--api-key-file", "--alias", "-np")
+NUMA_MODES = ("distribute", "isolate", "numactl")
 
 
 def _fail(msg):
@@ -81,9 +82,10 @@ def _fa_args(accepted):
 def llama_argv(opts):
     """llama-server arguments (without the binary) for ik_llama.cpp or mainline llama.cpp.
 
-    opts: engine, accepted (table entry or flag names), model, arch, host, port, threads, ngl, ctx,
-    batch, ubatch, ctk, ctv, amb, ot (list of REGEX=BUFFER rules, first match wins), numa_nodes,
-    metrics, alias, parallel, api_key_file, extra (list).
+    opts: engine, accepted (table entry or flag names), model, arch, host, port, threads, threads_batch
+    (0: as -t), ngl, ctx, batch, ubatch, ctk, ctv, amb, ot (list of REGEX=BUFFER rules, first match wins),
+    numa_nodes, numa_mode, rtr (run-time repacking: CPU-only nodes), metrics, alias, parallel, api_key_file,
+    extra (list).
     """
     engine = opts.get("engine", "ik_llama.cpp")
     if engine not in ("ik_llama.cpp", "llama.cpp"):
@@ -101,6 +103,8 @@ def llama_argv(opts):
     argv = [need("-m"), str(opts["model"])]
     argv += [need("--host"), str(opts.get("host", "127.0.0.1")), need("--port"), str(opts.get("port", 8080))]
     argv += [need("-t"), str(int(opts["threads"]))]
+    if int(opts.get("threads_batch") or 0) > 0 and int(opts["threads_batch"]) != int(opts["threads"]):
+        argv += [need("-tb"), str(int(opts["threads_batch"]))]
     argv += [need("-ngl"), str(int(opts.get("ngl", 99)))]
     argv += [need("-c"), str(int(opts.get("ctx", 32768)))]
     argv += [need("-b"), str(int(opts.get("batch", 2048)))]
@@ -117,7 +121,12 @@ def llama_argv(opts):
     for rule in opts.get("ot") or []:
         argv += [need("-ot"), str(rule)]
     if int(opts.get("numa_nodes") or 1) > 1:
-        argv += [need("--numa"), "distribute"]
+        mode = str(opts.get("numa_mode") or "distribute")
+        if mode not in NUMA_MODES:
+            _fail("the NUMA mode is one of %s, not %r" % (", ".join(NUMA_MODES), mode))
+        argv += [need("--numa"), mode]
+    if opts.get("rtr"):
+        argv.append(need("-rtr"))
     if opts.get("metrics", True):
         argv.append(need("--metrics"))
     if opts.get("alias"):
