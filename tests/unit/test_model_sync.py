@@ -329,11 +329,15 @@ def test_curl_writes_the_partial_and_the_hash_follows_it_as_it_grows(tmp_path):
     assert hasher.position == 5 + 40 * 997
 
 
-def test_redirects_are_refused_unless_allowed():
+def test_redirects_are_refused_unless_allowed_and_never_downgrade():
     argv = hmk.curl_command("http://store/x", 0, False)
     assert argv[argv.index("--max-redirs") + 1] == "0"
-    allowed = hmk.curl_command("http://store/x", 0, True)
-    assert allowed[allowed.index("--max-redirs") + 1] == "5" and "=https" in allowed
+    allowed = hmk.curl_command("https://store/x", 0, True)
+    assert allowed[allowed.index("--max-redirs") + 1] == "5"
+    assert allowed[allowed.index("--proto-redir") + 1] == "=https"
+    # from a plain-http store (a LAN mirror, the Hub stand-in) there is nothing to downgrade
+    plain = hmk.curl_command("http://store/x", 0, True)
+    assert plain[plain.index("--proto-redir") + 1] == "=http,https"
     assert argv[argv.index("--noproxy") + 1] == "*" and argv[argv.index("--proto") + 1] == "=http,https"
 
 
