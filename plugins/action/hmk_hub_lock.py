@@ -5,6 +5,7 @@ from __future__ import absolute_import, division, print_function
 
 import fcntl
 import hashlib
+import json
 import os
 import tempfile
 
@@ -65,6 +66,8 @@ class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super(ActionModule, self).run(tmp, task_vars)
         _, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
+        # Plain Python values: the lock is written with yaml's SafeDumper, which knows no tagged template strings.
+        args = json.loads(json.dumps(args))
         path = os.path.abspath(os.path.expanduser(args["lock_file"]))
         result.update(lock_file=path, resolved={}, from_hub=[], changed=False)
         if not os.path.isdir(os.path.dirname(path)):

@@ -20,8 +20,9 @@ access: 403 X-Error-Code GatedRepo; an unknown revision: 404 RevisionNotFound; a
 
 Repositories come from a directory: REPOS/<org>/<name>/refs.json ({"main": "<commit>"}) and
 REPOS/<org>/<name>/<commit>/<files>. Files named *.gguf, *.safetensors or larger than 10 MiB are LFS files (as a
-.gitattributes would make them). Counts of what it served go to --stats (JSON); --control (JSON, read at every
-request) can corrupt what the storage serves: {"corrupt": ["<sha256>", ...]} flips one byte in the middle.
+.gitattributes would make them). Counts of what it served go to --stats (JSON: api calls, resolve/ requests by
+client, storage bytes per blob); --control (JSON, read at every request) can corrupt what the storage serves:
+{"corrupt": ["<sha256>", ...]} flips one byte in the middle.
 
   hub_standin.py --repos DIR --port 18581 --storage-port 18582 [--token T --forbidden-token F]
                  --stats stats.json [--control control.json] [--daemon --pidfile P --log L] [--lifetime 3600]
@@ -231,6 +232,11 @@ class Handler(BaseHTTPRequestHandler):
             pass
         return sent
 
+    def client(self):
+        """Who asked: curl (a node's transfer) or huggingface_hub (the control machine), by User-Agent."""
+        agent = self.headers.get("User-Agent", "")
+        return "curl" if agent.startswith("curl/") else "huggingface_hub" if "huggingface_hub" in agent else "other"
+
     # ---------------------------------------------------------------------------------------- the Hub host
 
     def authorize(self, repo):
@@ -345,7 +351,7 @@ class Handler(BaseHTTPRequestHandler):
         entry = self.hub.repos[repo]["commits"][commit].get(path)
         if entry is None:
             return self.error(404, "Entry not found", "EntryNotFound")
-        self.hub.count("resolve", "%s %s/%s@%s" % (self.command, repo, path, commit))
+        self.hub.count("resolve", "%s %s/%s@%s by %s" % (self.command, repo, path, commit, self.client()))
         headers = {"X-Repo-Commit": commit, "Vary": "Origin, Accept-Encoding", "Access-Control-Expose-Headers":
                    "X-Repo-Commit,X-Request-Id,X-Error-Code,X-Error-Message,X-Total-Count,ETag,Link,Accept-Ranges,"
                    "Content-Range,X-Linked-Size,X-Linked-ETag,X-Xet-Hash"}
@@ -359,7 +365,8 @@ class Handler(BaseHTTPRequestHandler):
         sent, served = self.send_range(entry["full"], entry["size"], corrupt=False,
                                        headers=dict(headers, ETag='"%s"' % entry["oid"]))
         if self.command == "GET":
-            self.hub.count("resolve", "bytes %s/%s@%s" % (repo, path, commit), sent=sent, range=served)
+            self.hub.count("resolve", "bytes %s/%s@%s by %s" % (repo, path, commit, self.client()), sent=sent,
+                           range=served)
 
     # ---------------------------------------------------------------------------------------- the storage host
 
