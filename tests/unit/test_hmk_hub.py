@@ -391,3 +391,32 @@ def test_a_node_fills_from_the_peer_with_the_same_verification(peer, tmp_path):
     wrong = dict(item, name="a.bin", sha256="c" * 64)
     result = hmk.Syncer(QWEN, str(dest / "again"), str(dest / ".s2"), str(dest / ".q2"), [wrong], source).run()
     assert "failed verification" in result["errors"][0]
+
+
+def test_every_catalog_entry_can_be_asked_of_the_hub():
+    seeds = {"deepseek-r1-671b-iq4_xs": ("bartowski/DeepSeek-R1-GGUF", 10),
+             "deepseek-r1-671b-q4_k_m": ("unsloth/DeepSeek-R1-GGUF", 9),
+             "qwen3-235b-a22b-q4_k_m": ("Qwen/Qwen3-235B-A22B-GGUF", 5)}
+    for name, model in catalog().items():
+        requests = hmk_hub.hub_requests(name, model)
+        assert [r["group"] for r in requests] == ["files", "hf_files"]
+        for item in requests[0]["files"]:
+            assert item["path"] == model["huggingface"]["subfolder"] + "/" + item["name"]
+        if name in seeds:
+            repo, splits = seeds[name]
+            assert requests[0]["repo"] == repo and len(requests[0]["files"]) == splits
+            assert requests[0]["files"][0]["path"].endswith("-00001-of-%05d.gguf" % splits)
+            assert requests[1]["repo"] in ("deepseek-ai/DeepSeek-R1", "Qwen/Qwen3-235B-A22B")
+    qwen = catalog()["qwen3-235b-a22b-q4_k_m"]
+    assert hmk_hub.COMMIT_RE.match(qwen["huggingface"]["revision"])
+    # ~143 GB, as the brief says, from the pinned revision's published sizes
+    assert 142e9 < sum(f["size"] for f in qwen["files"]) < 143e9
+
+
+def test_an_entry_the_hub_cannot_be_asked_for_is_refused_by_name():
+    for broken, expected in ((dict(entry(QWEN), huggingface=None), "has no huggingface block"),
+                             (changed(QWEN, repo="no-slash"), "huggingface.repo is 'no-slash'"),
+                             (changed(QWEN, revision=""), "huggingface.revision is ''")):
+        with pytest.raises(hmk_hub.HubError) as raised:
+            hmk_hub.hub_requests(QWEN, broken)
+        assert expected in str(raised.value)
