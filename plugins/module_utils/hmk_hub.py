@@ -276,9 +276,11 @@ def resolve_model(model, entry, endpoint, token):
     for request in hub_requests(model, entry):
         try:
             source, files = _resolve_request(api, endpoint, token, model, request)
+        except HubError:
+            raise
         except HfHubHTTPError as exc:
             raise HubError(_hub_message(exc, model, request, endpoint))
-        except (OSError, ValueError) as exc:
+        except Exception as exc:  # noqa: BLE001 -- connection, TLS, proxy or parse errors: one sentence, no traceback
             raise HubError(_hub_message(exc, model, request, endpoint))
         locked["sources"].append(source)
         locked[request["group"]] = files

@@ -420,3 +420,10 @@ def test_an_entry_the_hub_cannot_be_asked_for_is_refused_by_name():
         with pytest.raises(hmk_hub.HubError) as raised:
             hmk_hub.hub_requests(QWEN, broken)
         assert expected in str(raised.value)
+
+
+def test_a_hub_that_cannot_be_reached_fails_in_one_sentence():
+    with pytest.raises(hmk_hub.HubError) as raised:
+        hmk_hub.resolve_model(QWEN, entry(QWEN), "http://127.0.0.1:%d" % free_port(), TOKEN)
+    assert str(raised.value).startswith("%s: the Hub at http://127.0.0.1:" % QWEN) and "could not be read" in str(
+        raised.value)
