@@ -63,14 +63,15 @@ def test_the_peer_refuses_a_request_without_its_token(host):
         "401", "404")
 
 
-def test_the_stand_in_counted_no_byte_for_the_rerun_without_it_nor_for_the_refused_inputs(host):
+def test_the_stand_in_sent_no_byte_for_the_refused_inputs(host):
     with open(os.path.join(STATE, "stats-bad-input.json")) as handle:
         stats = json.load(handle)
     corrupt = CATALOG["tiny-qwen3moe"]["files"][1]
     # after the restart only the corrupt case reached the storage, and only for the files it lacked
     assert set(stats["storage"]) <= {f["sha256"] for f in CATALOG["tiny-qwen3moe"]["files"]}
     assert stats["storage"][corrupt["sha256"]]["bytes"] == corrupt["size"]
-    assert any(k.startswith("401") for k in stats["refused"]) and any(k.startswith("403") for k in stats["refused"])
+    assert any(k.startswith("401 Invalid credentials") for k in stats["refused"])
+    assert any(k.startswith("404 RevisionNotFound") for k in stats["refused"])
 
 
 def test_the_lock_is_yaml_the_operator_can_keep_with_the_inventory(host):
