@@ -345,7 +345,9 @@ def curl_command(url, offset, follow_redirects, connect_timeout=30, stall_second
             "--max-redirs", "5" if follow_redirects else "0", "--connect-timeout", str(connect_timeout),
             "--speed-limit", "1024", "--speed-time", str(stall_seconds), "--output", output, "--config", "-"]
     if follow_redirects:
-        argv[argv.index("--location"):argv.index("--location")] = ["--proto-redir", "=https"]
+        # A redirect may not downgrade: from https only to https (the Hub's storage); a plain-http store stays http.
+        allowed = "=https" if url.startswith("https:") else "=http,https"
+        argv[argv.index("--location"):argv.index("--location")] = ["--proto-redir", allowed]
     if offset:
         argv += ["--continue-at", str(offset)]
     return argv
