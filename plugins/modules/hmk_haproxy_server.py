@@ -18,6 +18,7 @@ description:
     not C(UP 1/2): HAProxy counts a server leaving maintenance as up before it has checked it).
   - A server whose health check fails can still be drained and put in maintenance (its status stays C(DOWN),
     which C(community.general.haproxy) waits on forever as if it were never drained).
+  - Without O(state) it changes nothing and returns the backend's servers.
   - Supports check mode (reports what it would change; waits for nothing).
 options:
   socket:
@@ -29,14 +30,12 @@ options:
     type: str
     required: true
   server:
-    description: Server name in the backend.
+    description: Server name in the backend; required with O(state).
     type: str
-    required: true
   state:
-    description: Admin state wanted.
+    description: Admin state wanted. Without it the module only reads and returns RV(servers).
     type: str
     choices: [ready, drain, maint]
-    required: true
   wait:
     description: Wait for the requests to end (drain, maint) or for a passing health check (ready).
     type: bool
@@ -49,6 +48,11 @@ options:
     description: Seconds between two looks at the server.
     type: float
     default: 1.0
+  min_others_up:
+    description: For drain and maint, the other servers of the backend that must be in rotation (UP, neither drained
+      nor in maintenance) for the change to go ahead; otherwise the module fails before changing anything.
+    type: int
+    default: 0
 """
 
 EXAMPLES = r"""
@@ -64,16 +68,21 @@ EXAMPLES = r"""
 RETURN = r"""
 before:
   description: The server before the change (admin_state bits, op_state, status, scur, qcur, check_status).
-  returned: always
+  returned: with state
   type: dict
 after:
   description: The server at the end.
-  returned: always
+  returned: with state
   type: dict
 waited:
   description: Seconds spent waiting.
-  returned: always
+  returned: with state
   type: float
+servers:
+  description: Without state, every server of the backend (or the one named) with its admin_state, op_state, status,
+    scur, qcur, check_status and check_desc.
+  returned: without state
+  type: dict
 """
 
 import csv
@@ -94,14 +103,14 @@ class RuntimeApiError(Exception):
     pass
 
 
-def parse_servers_state(text, backend, server):
-    """The server's line of `show servers state <backend>` (format 1) as a dict, None if absent.
+def parse_servers_state(text, backend):
+    """`show servers state <backend>` (format 1) as {server: {admin_state, op_state}}.
 
     The first line is the format version, the second the field names after '# '."""
     lines = [line for line in text.splitlines() if line.strip()]
     if not lines or lines[0].strip() != "1":
         raise RuntimeApiError("unexpected answer to 'show servers state %s': %s" % (backend, text.strip()[:300]))
-    header = None
+    header, servers = None, {}
     for line in lines[1:]:
         if line.startswith("#"):
             header = line.lstrip("# ").split()
@@ -110,20 +119,21 @@ def parse_servers_state(text, backend, server):
         if header is None or len(fields) < len(header):
             continue
         row = dict(zip(header, fields))
-        if row.get("be_name") == backend and row.get("srv_name") == server:
-            return {"admin_state": int(row["srv_admin_state"]), "op_state": OP_STATES.get(int(row["srv_op_state"]),
-                                                                                          row["srv_op_state"])}
-    return None
+        if row.get("be_name") == backend:
+            op = int(row["srv_op_state"])
+            servers[row["srv_name"]] = {"admin_state": int(row["srv_admin_state"]), "op_state": OP_STATES.get(op, op)}
+    return servers
 
 
-def parse_stat(text, backend, server):
-    """The server's row of `show stat` (CSV, header line starting with '# ') as a dict, None if absent."""
-    rows = csv.DictReader(text.lstrip("# ").splitlines())
-    for row in rows:
-        if row.get("pxname") == backend and row.get("svname") == server:
-            return {"status": row["status"], "scur": int(row["scur"] or 0), "qcur": int(row["qcur"] or 0),
-                    "check_status": row.get("check_status", ""), "check_desc": row.get("check_desc", "")}
-    return None
+def parse_stat(text, backend):
+    """The backend's server rows of `show stat` (CSV, header line starting with '# ') as {server: {...}}."""
+    servers = {}
+    for row in csv.DictReader(text.lstrip("# ").splitlines()):
+        if row.get("pxname") == backend and row.get("svname") not in ("FRONTEND", "BACKEND"):
+            servers[row["svname"]] = {"status": row["status"], "scur": int(row["scur"] or 0),
+                                      "qcur": int(row["qcur"] or 0), "check_status": row.get("check_status", ""),
+                                      "check_desc": row.get("check_desc", "")}
+    return servers
 
 
 def is_up(stat):
@@ -179,13 +189,14 @@ class RuntimeApi(object):
         if answer:
             raise RuntimeApiError("set server %s/%s state %s: %s" % (backend, server, state, answer))
 
+    def servers(self, backend):
+        """Every server of the backend: admin and operational state, status, requests in progress and queued."""
+        admin = parse_servers_state(self.command("show servers state %s" % backend), backend)
+        stat = parse_stat(self.command("show stat"), backend)
+        return {name: dict(admin[name], **stat[name]) for name in admin if name in stat}
+
     def server(self, backend, server):
-        admin = parse_servers_state(self.command("show servers state %s" % backend), backend, server)
-        stat = parse_stat(self.command("show stat"), backend, server)
-        if admin is None or stat is None:
-            return None
-        admin.update(stat)
-        return admin
+        return self.servers(backend).get(server)
 
 
 def wait_for(api, backend, server, done, timeout, interval):
@@ -200,6 +211,10 @@ def wait_for(api, backend, server, done, timeout, interval):
     return True, current, time.monotonic() - start
 
 
+def in_rotation(srv):
+    return is_up(srv) and not srv["admin_state"] & (ADMF_MAINT | ADMF_DRAIN)
+
+
 def idle(srv):
     return srv["scur"] == 0 and srv["qcur"] == 0
 
@@ -207,10 +222,26 @@ def idle(srv):
 def run(module, api):
     p = module.params
     backend, server, state = p["backend"], p["server"], p["state"]
+    if state is None:
+        servers = api.servers(backend)
+        if server is not None:
+            servers = {k: v for k, v in servers.items() if k == server}
+        module.exit_json(changed=False, servers=servers)
+    if server is None:
+        module.fail_json(msg="server is required with state")
     before = api.server(backend, server)
     if before is None:
         module.fail_json(msg="HAProxy (%s) has no server %s in backend %s" % (p["socket"], server, backend))
     changed = wanted_change(state, before["admin_state"])
+    if state in ("drain", "maint") and changed and p["min_others_up"] > 0:
+        others = {k: v for k, v in api.servers(backend).items() if k != server}
+        up = sorted(k for k, v in others.items() if in_rotation(v))
+        if len(up) < p["min_others_up"]:
+            module.fail_json(msg="Taking %s out of %s would leave %d other server(s) in rotation (%s), fewer than %d; "
+                                 "nothing was changed. The others: %s" % (
+                                     server, backend, len(up), ", ".join(up) or "none", p["min_others_up"],
+                                     ", ".join("%s %s" % (k, v["status"]) for k, v in sorted(others.items())) or "none"),
+                             before=before)
     result = {"changed": changed, "before": before, "after": before, "waited": 0.0}
     if module.check_mode:
         module.exit_json(**result)
@@ -246,11 +277,12 @@ def main():
         argument_spec=dict(
             socket=dict(type="path", default="/run/haproxy/admin.sock"),
             backend=dict(type="str", required=True),
-            server=dict(type="str", required=True),
-            state=dict(type="str", required=True, choices=["ready", "drain", "maint"]),
+            server=dict(type="str"),
+            state=dict(type="str", choices=["ready", "drain", "maint"]),
             wait=dict(type="bool", default=True),
             timeout=dict(type="int", default=900),
             interval=dict(type="float", default=1.0),
+            min_others_up=dict(type="int", default=0),
         ),
         supports_check_mode=True,
     )

@@ -31,26 +31,29 @@ def test_parsers_read_each_captured_state():
     }
     for state, (admin, op, status, scur) in expect.items():
         servers, stat = fixture(state)
-        got = m.parse_servers_state(servers, "hmk_nodes", "day2-b")
-        row = m.parse_stat(stat, "hmk_nodes", "day2-b")
+        got = m.parse_servers_state(servers, "hmk_nodes")["day2-b"]
+        row = m.parse_stat(stat, "hmk_nodes")["day2-b"]
         assert (got["admin_state"], got["op_state"], row["status"], row["scur"]) == (admin, op, status, scur), state
         # The other server is untouched in every capture.
-        assert m.parse_stat(stat, "hmk_nodes", "day2-a")["status"] == "UP"
+        assert m.parse_stat(stat, "hmk_nodes")["day2-a"]["status"] == "UP"
+        assert sorted(m.parse_servers_state(servers, "hmk_nodes")) == ["day2-a", "day2-b"]
 
 
 def test_absent_server_or_backend():
     servers, stat = fixture("up")
-    assert m.parse_servers_state(servers, "hmk_nodes", "nope") is None
-    assert m.parse_stat(stat, "other", "day2-b") is None
+    assert "nope" not in m.parse_servers_state(servers, "hmk_nodes")
+    assert m.parse_stat(stat, "other") == {}
+    # FRONTEND/BACKEND rows are the proxies' totals, not servers.
+    assert "BACKEND" not in m.parse_stat(stat, "hmk_nodes")
     with pytest.raises(m.RuntimeApiError):
-        m.parse_servers_state((FIX / "no-such-backend.txt").read_text(), "nope", "day2-b")
+        m.parse_servers_state((FIX / "no-such-backend.txt").read_text(), "nope")
 
 
 def test_only_a_checked_server_counts_as_up():
-    assert m.is_up(m.parse_stat(fixture("ready-checked")[1], "hmk_nodes", "day2-b"))
+    assert m.is_up(m.parse_stat(fixture("ready-checked")[1], "hmk_nodes")["day2-b"])
     # Leaving maintenance shows "UP 1/2" before any check ran: not yet proven to serve.
-    assert not m.is_up(m.parse_stat(fixture("ready-unchecked")[1], "hmk_nodes", "day2-b"))
-    assert not m.is_up(m.parse_stat(fixture("down")[1], "hmk_nodes", "day2-b"))
+    assert not m.is_up(m.parse_stat(fixture("ready-unchecked")[1], "hmk_nodes")["day2-b"])
+    assert not m.is_up(m.parse_stat(fixture("down")[1], "hmk_nodes")["day2-b"])
 
 
 def test_wanted_change_per_state():
@@ -91,7 +94,7 @@ class Exit(Exception):
 class FakeModule:
     def __init__(self, check_mode=False, **params):
         self.params = dict(socket="/run/haproxy/admin.sock", backend="hmk_nodes", server="day2-b", wait=True,
-                           timeout=5, interval=0.0)
+                           timeout=5, interval=0.0, min_others_up=0)
         self.params.update(params)
         self.check_mode = check_mode
         self.result = None
@@ -171,6 +174,25 @@ def test_unknown_server_fails_before_any_change():
     api = ScriptedApi(["up"])
     res = run(FakeModule(state="maint", server="nope"), api)
     assert res["failed"] and "no server nope" in res["msg"] and sets(api) == []
+
+
+def test_the_last_server_in_rotation_is_not_taken_out():
+    # day2-b is drained in this capture: taking day2-a out too would leave the gateway nothing to send to.
+    api = ScriptedApi(["drain-idle"])
+    res = run(FakeModule(state="maint", server="day2-a", min_others_up=1), api)
+    assert res["failed"] and "0 other server(s) in rotation" in res["msg"] and "day2-b DRAIN" in res["msg"]
+    assert sets(api) == []
+    # With day2-b serving, day2-a may go.
+    api = ScriptedApi(["up", "up", "maint"])
+    assert not run(FakeModule(state="maint", server="day2-a", min_others_up=1), api)["failed"]
+
+
+def test_without_state_it_only_reads():
+    api = ScriptedApi(["down-drain"])
+    res = run(FakeModule(state=None, server=None), api)
+    assert not res["failed"] and not res["changed"] and sets(api) == []
+    assert res["servers"]["day2-b"]["status"] == "DOWN" and res["servers"]["day2-b"]["admin_state"] == 8
+    assert res["servers"]["day2-a"]["status"] == "UP"
 
 
 def test_a_refused_command_is_an_error():
