@@ -86,6 +86,14 @@ def test_model_swap_is_rolling_and_restores_the_old_model():
     assert "ansible.builtin.fail" in block["rescue"][-1]
 
 
+def test_model_swap_drains_and_restores_the_node_on_the_gateways():
+    block = _block(_play("model-swap.yml"))
+    assert [(r, f) for r, f, _ in _includes(block["block"], gateway=True)] == [
+        ("model_sync", None), ("gateway", "drain.yml"), ("inference_service", None), ("gateway", "restore.yml")]
+    assert [(r, f) for r, f, _ in _includes(block["rescue"], gateway=True)] == [
+        ("inference_service", None), ("gateway", "restore.yml")]
+
+
 def test_model_swap_deletes_the_old_model_only_when_asked_and_after_success():
     play = _play("model-swap.yml")
     tasks = play["tasks"]
