@@ -93,7 +93,8 @@ read -r one_rebuild rc < <(run one-rebuild site.yml -l "${names[0]}")
 read -r one_noop rc < <(run one-noop site.yml -l "${names[0]}")
 one_noop_recap=$(recap "${names[0]}" "$logs/one-noop.log")
 
-# 2. The fleet, all fresh.
+# 2. The fleet, all fresh (and no facts cached from the twin of step 1).
+rm -rf "$scratch/facts"
 up "${names[@]}"
 read -r fleet_rebuild rc < <(run fleet-rebuild site.yml "${fleet_opts[@]}")
 [ "$rc" = 0 ] || { echo "the fleet's rebuild failed:"; grep -E '^fleet-[0-9]+ +:' "$logs/fleet-rebuild.log"; exit 1; }
@@ -113,6 +114,7 @@ mem_serving=$(free_mib)
 serving_after_rebuild=$(serving "${names[@]}" | wc -l)
 
 # 3. A node that fails mid-run: reset it, start the fleet's run, stop the twin while its rebuild runs.
+rm -rf "$scratch/facts"
 up "$failing"
 t0=$(now)
 ansible-playbook "${inv[@]}" site.yml "${fleet_opts[@]}" > "$logs/fail-run.log" 2>&1 &
