@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # site.yml over a fleet of container twins, measured in one run (a benchmark, not part of CI):
+#   0. a warm-up rebuild of one twin (fills the host's compiler cache if another job emptied it; not compared);
 #   1. one node alone: the rebuild of a fresh twin with site.yml, then a no-op re-run;
 #   2. N fresh twins in one inventory group (N=6 by default, HMK_FLEET_N, at most 10), site.yml across all of them
 #      at once with the README's settings (forks >= N, no serial: each node's rebuild is independent), then a
@@ -9,7 +10,7 @@
 #      converges it alone (changed on that node only).
 # Prints the times, the speed-up from parallelism (N x one node's rebuild / the fleet's rebuild) and the memory.
 # The engine builds use the host's ccache like make lab does (a warm rebuild). Twins fleet-01..fleet-NN, SSH
-# 127.0.0.1:2401.., services 18601.. (molecule/README.md). Costs ~25 min on this 2-core machine.
+# 127.0.0.1:2401.., services 18601.. (molecule/README.md). Costs ~30 min on this 2-core machine.
 #   benchmarks/fleet.sh [--keep]      (--keep leaves the twins up for a look)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -86,7 +87,14 @@ free_mib() { awk '/MemAvailable/ {print int($2 / 1024)}' /proc/meminfo; }
 echo "fleet.sh: $n twins, logs in $logs"
 mem_before=$(free_mib)
 
-# 1. One node alone.
+# 0. Not timed: one rebuild that fills the host's compiler cache, in case another job emptied it, so that every
+#    timed rebuild below is a warm one.
+up "${names[0]}"
+read -r warmup rc < <(run warm-up site.yml -l "${names[0]}")
+[ "$rc" = 0 ] || { echo "the warm-up rebuild failed:"; tail -40 "$logs/warm-up.log"; exit 1; }
+
+# 1. One node alone, fresh.
+rm -rf "$scratch/facts"
 up "${names[0]}"
 read -r one_rebuild rc < <(run one-rebuild site.yml -l "${names[0]}")
 [ "$rc" = 0 ] || { echo "one node's rebuild failed:"; tail -40 "$logs/one-rebuild.log"; exit 1; }
@@ -105,7 +113,7 @@ total_mem=0
 for name in "${names[@]}"; do
   # The proportional set size of the twin's processes (shared pages, such as the mapped model, split among
   # the processes that map them): docker's own memory figure is empty under this host's cgroup v1 setup.
-  mem[$name]=$(for pid in $(docker top "$name" -eo pid | tail -n +2); do
+  mem[$name]=$(for pid in $(docker top "hmk-$name" -eo pid | tail -n +2); do
                  awk '/^Pss:/ {s += $2} END {print s + 0}' "/proc/$pid/smaps_rollup" 2>/dev/null || true
                done | awk '{s += $1} END {printf "%d", s / 1024}')
   total_mem=$((total_mem + mem[$name]))
@@ -122,19 +130,20 @@ pid=$!
 # Stopped once its engine build has begun (the engines stage), well inside its rebuild.
 until grep -q "TASK \[hmk.moe_kit.llama_build" "$logs/fail-run.log" 2>/dev/null || ! kill -0 "$pid" 2>/dev/null; do sleep 1; done
 sleep 5
-docker stop "$failing" >/dev/null
+docker stop "hmk-$failing" >/dev/null
 stopped_at=$(secs "$t0" "$(now)")
 fail_rc=0; wait "$pid" || fail_rc=$?
 fail_run=$(secs "$t0" "$(now)")
 others=(); for name in "${names[@]}"; do [ "$name" = "$failing" ] || others+=("$name"); done
 others_serving=$(serving "${others[@]}" | wc -l)
 fail_recaps=$(grep -E '^fleet-[0-9]+ +:' "$logs/fail-run.log" || true)
-docker start "$failing" >/dev/null
+docker start "hmk-$failing" >/dev/null
 ansible "${inv[@]}" "$failing" -m ansible.builtin.wait_for_connection -a timeout=120 >/dev/null
 read -r rerun rc < <(run fail-rerun site.yml "${fleet_opts[@]}")
 rerun_changed=$(grep -E '^fleet-[0-9]+ +:' "$logs/fail-rerun.log" | grep -v 'changed=0' | awk '{print $1}' | tr '\n' ' ')
 
 printf '\n%-46s %8s\n' "measure" seconds
+printf '%-46s %8s   (not timed below: fills the compiler cache)\n' "warm-up rebuild of one node" "$warmup"
 printf '%-46s %8s\n' "one node: rebuild (site.yml, fresh twin)" "$one_rebuild"
 printf '%-46s %8s   (%s)\n' "one node: no-op re-run" "$one_noop" "$one_noop_recap"
 printf '%-46s %8s   (--forks %d, no serial)\n' "$n nodes: rebuild (site.yml, fresh twins)" "$fleet_rebuild" "$n"
