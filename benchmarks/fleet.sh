@@ -127,9 +127,11 @@ up "$failing"
 t0=$(now)
 ansible-playbook "${inv[@]}" site.yml "${fleet_opts[@]}" > "$logs/fail-run.log" 2>&1 &
 pid=$!
-# Stopped once its engine build has begun (the engines stage), well inside its rebuild.
-until grep -q "TASK \[hmk.moe_kit.llama_build" "$logs/fail-run.log" 2>/dev/null || ! kill -0 "$pid" 2>/dev/null; do sleep 1; done
-sleep 5
+# Stopped while it compiles the engine, well inside its rebuild. (Stopped inside an apt-get install instead, the
+# node's dpkg is left interrupted and the re-run's first apt task fails until `dpkg --configure -a` is run.)
+until grep -q "TASK \[hmk.moe_kit.llama_build : The compiler has produced" "$logs/fail-run.log" 2>/dev/null \
+      || ! kill -0 "$pid" 2>/dev/null; do sleep 1; done
+sleep 3
 docker stop "hmk-$failing" >/dev/null
 stopped_at=$(secs "$t0" "$(now)")
 fail_rc=0; wait "$pid" || fail_rc=$?
@@ -140,7 +142,8 @@ fail_recaps=$(grep -E '^fleet-[0-9]+ +:' "$logs/fail-run.log" || true)
 docker start "hmk-$failing" >/dev/null
 ansible "${inv[@]}" "$failing" -m ansible.builtin.wait_for_connection -a timeout=120 >/dev/null
 read -r rerun rc < <(run fail-rerun site.yml "${fleet_opts[@]}")
-rerun_changed=$(grep -E '^fleet-[0-9]+ +:' "$logs/fail-rerun.log" | grep -v 'changed=0' | awk '{print $1}' | tr '\n' ' ')
+rerun_changed=$(grep -E '^fleet-[0-9]+ +:' "$logs/fail-rerun.log" | grep -v 'changed=0 ' | awk '{print $1}' | tr '\n' ' ' || true)
+rerun_failed=$(grep -E '^fleet-[0-9]+ +:' "$logs/fail-rerun.log" | grep -Ev 'unreachable=0 +failed=0 ' | awk '{print $1}' | tr '\n' ' ' || true)
 
 printf '\n%-46s %8s\n' "measure" seconds
 printf '%-46s %8s   (not timed below: fills the compiler cache)\n' "warm-up rebuild of one node" "$warmup"
@@ -160,5 +163,5 @@ echo
 echo "failed node: $failing stopped ${stopped_at}s into the run (during its engine build); the run ended after ${fail_run}s, rc=$fail_rc"
 echo "$fail_recaps" | sed 's/^/  /'
 echo "  other nodes answering /health after that run: $others_serving of $((n - 1))"
-echo "  re-run after restarting $failing: ${rerun}s, rc=$rc, nodes with changes: ${rerun_changed:-none}"
+echo "  re-run after restarting $failing: ${rerun}s, rc=$rc, nodes with changes: ${rerun_changed:-none}, failed: ${rerun_failed:-none}"
 echo "ansible output of each run: $logs/"
