@@ -1067,3 +1067,11 @@ def test_every_fixture_is_listed_in_the_index_with_a_source():
         row = [line for line in index.splitlines() if line.startswith("| %s |" % name)]
         assert row, name
         assert row[0].split(" | ")[1].strip(), name  # a source
+
+
+def test_the_waivable_ids_of_the_role_are_the_checks_of_the_package():
+    import yaml
+    specs = os.path.join(os.path.dirname(__file__), "..", "..", "roles", "bios_checklist", "meta", "argument_specs.yml")
+    with open(specs) as handle:
+        options = yaml.safe_load(handle)["argument_specs"]["main"]["options"]
+    assert options["bios_checklist_waive"]["choices"] == list(hw.CHECK_IDS)

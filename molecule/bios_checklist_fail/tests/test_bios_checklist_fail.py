@@ -25,6 +25,13 @@ def test_exactly_the_three_bios_items_fail(report):
     assert report["summary"]["failed_ids"] == ["numa_nodes_per_socket", "smt_disabled", "memory_channels_populated"]
 
 
+def test_four_cpu_nodes_on_one_socket_and_no_memory_only_node(checks, report):
+    nodes = report["hardware"]["numa"]["nodes"]
+    assert sorted(nodes) == ["0", "1", "2", "3"] and all(n["packages"] == [0] for n in nodes.values())
+    assert checks["numa_memory_only_nodes"]["status"] == "pass"
+    assert checks["numa_memoryless_cpu_nodes"]["status"] == "pass"
+
+
 def test_nps2_fails_with_the_bios_remedy(checks):
     check = checks["numa_nodes_per_socket"]
     assert (check["status"], check["observed"], check["expected"]) == ("fail", 4, 1)
