@@ -103,7 +103,6 @@ def _lscpu_raw(text):
     flags_text = None
     value_col = 0
     for line in _lines(text):
-        line = re.sub(r"^\S+ \$ ", "", line) if line.startswith(("HOST $", "$ ")) else line
         if flags_text is not None:
             if line.strip() and not line[:value_col].strip():
                 flags_text += line[value_col:]
@@ -201,11 +200,6 @@ def parse_cpuinfo(text):
         "topology": cpus if all(c["package"] is not None for c in cpus.values()) else
         unknown("/proc/cpuinfo has no 'physical id' per processor"),
     }
-
-
-def parse_cpuinfo_flags(text):
-    """Flags of the first processor in /proc/cpuinfo (one line, never wrapped)."""
-    return parse_cpuinfo(text)["flags"]
 
 
 def isa_summary(flags):
@@ -455,12 +449,6 @@ def dimm_location(locator, bank_locator):
     return {"socket": None, "channel": None, "dimm": None, "convention": "labels name neither socket nor channel"}
 
 
-def dimm_channel(locator, bank_locator):
-    """(socket, channel) a DIMM sits on, or None when the labels do not say."""
-    location = dimm_location(locator, bank_locator)
-    return (location["socket"], location["channel"]) if location["channel"] else None
-
-
 def _dmi_blocks(text, dmi_type):
     blocks, block = [], None
     for line in _lines(text) + [""]:
@@ -477,20 +465,6 @@ def _dmi_blocks(text, dmi_type):
         if match:
             block.setdefault(match.group(1), match.group(2))
     return blocks
-
-
-def parse_dmi_processors(text):
-    """Processor sockets from DMI type 4: version (model name) and the family/model signature."""
-    out = []
-    for block in _dmi_blocks(text, 4):
-        signature = re.match(r"Family (\d+), Model (\d+)", block.get("Signature", ""))
-        if not block.get("Version") or "Not Specified" in block.get("Version", ""):
-            continue
-        out.append({"socket": block.get("Socket Designation"), "version": block.get("Version").strip(),
-                    "family": int(signature.group(1)) if signature else unknown("no Signature line"),
-                    "model_number": int(signature.group(2)) if signature else unknown("no Signature line"),
-                    "cores": _int(block.get("Core Count")), "threads": _int(block.get("Thread Count"))})
-    return out
 
 
 def parse_dmidecode_memory(text, channels_per_socket=None):
@@ -807,19 +781,6 @@ def parse_lspci(text):
         })
         out[bdf] = entry
     return out
-
-
-def parse_lspci_link(text):
-    """LnkCap/LnkSta/LnkCtl and NUMA node of the first device in `lspci -vv -s <bdf>`."""
-    devices = parse_lspci(text)
-    if devices:
-        device = devices[sorted(devices)[0]]
-        link = dict(device["link"])
-        link["numa_node"] = device["numa_node"]
-        return link
-    link = _link_fields(text or "")
-    link["numa_node"] = unknown("no lspci output")
-    return link
 
 
 def parse_sysfs_link(current_speed, max_speed, current_width, max_width):
