@@ -1566,8 +1566,8 @@ def evaluate(facts, profile, numa_balancing_fixed_later=True):
         status = PREFLIGHT_STATUS[result["verdict"]]
         if check_id == "numa_balancing_disabled" and status == "fail" and numa_balancing_fixed_later:
             status = "warn"
-            result["fix"] = "The kernel_tuning role sets kernel.numa_balancing=0 later in site.yml; by hand: " + \
-                result["fix"]
+            result["fix"] = ("The kernel_tuning role sets kernel.numa_balancing=0 later in site.yml; by hand: "
+                             "`sysctl -w kernel.numa_balancing=0` and persist it in /etc/sysctl.d/")
         checks.append(_check(check_id, status, result["observed"], result["expected"], result["why"], result["fix"]))
     return checks
 
@@ -1643,10 +1643,16 @@ def render_markdown(host, checks, facts, summary):
     cpu = facts.get("cpu") or {}
     memory = facts.get("memory") or {}
     generation = cpu.get("generation") or {}
+    nodes = _node_facts(facts)
+    if nodes:
+        layout = numa_layout(nodes)
+        numa = "%d NUMA node(s), %d with CPUs" % (len(nodes), len(layout["cpu_nodes"]))
+    else:
+        numa = "%s NUMA node(s)" % _fact(cpu.get("numa_nodes"))
     out += ["", "## Hardware", "",
-            "- CPU: %s (%s), %s socket(s), %s physical cores, %s thread(s)/core, %s NUMA node(s)"
+            "- CPU: %s (%s), %s socket(s), %s physical cores, %s thread(s)/core, %s"
             % (_fact(cpu.get("model")), generation.get("name", UNKNOWN), _fact(cpu.get("sockets")),
-               _fact(cpu.get("physical_cores")), _fact(cpu.get("threads_per_core")), _fact(cpu.get("numa_nodes"))),
+               _fact(cpu.get("physical_cores")), _fact(cpu.get("threads_per_core")), numa),
             "- Memory: %s GB total, %s of %s DIMM slots, %s MT/s, %s GB/s theoretical"
             % (_fact(facts.get("memory_total_gb")), memory.get("slots_populated"), memory.get("slots_total"),
                _fact(memory.get("configured_speed_mts")), _fact(memory.get("bandwidth_gbs"))),
