@@ -583,6 +583,10 @@ def test_nvidia_smi_table_four_rtx6000ada_idle():
     assert all(g["model"] == "NVIDIA RTX 6000 Ada Gene..." for g in gpus)
     assert all(g["pstate"] == "P8" and g["vram_mib"] == 49140 for g in gpus)
     assert (smi["driver_version"], smi["cuda_version"], smi["processes"]) == ("575.51.03", "12.9", 0)
+    facts = {"gpus": [dict(g, driver="nvidia") for g in gpus]}
+    four_ada = dict(GENOA_4090, gpus={"count": 4, "model": "RTX 6000 Ada", "vram_gib": 48})
+    assert statuses(facts, four_ada, "gpu_present", "gpu_vram") == ("pass", "pass")
+    assert statuses(facts, GENOA_4090, "gpu_present", "gpu_vram") == ("warn", "pass")  # 4 where 1 is expected
 
 
 def test_nvidia_smi_single_rtx5090_passes_the_5090_profile():
@@ -611,6 +615,11 @@ def test_nvidia_smi_topo_numa_affinity_and_links():
     assert [topo[g]["numa_affinity"] for g in sorted(topo)] == [0, 0, 1, 1]
     assert topo["GPU0"]["cpu_affinity"] == "0-31" and topo["GPU3"]["cpu_affinity"] == "32-63"
     assert topo["GPU0"]["links"]["GPU1"] == "NODE" and topo["GPU0"]["links"]["GPU2"] == "SYS"
+    facts = {"numa": {"nodes": {0: {"cpus": "0-31", "size_mb": 1}, 1: {"cpus": "32-63", "size_mb": 1}}},
+             "gpus": [{"pci_address": name, "driver": "nvidia", "numa_node": topo[name]["numa_affinity"]}
+                      for name in sorted(topo)]}
+    verdict = hw.judge_gpu_numa(facts, ANY)
+    assert verdict["verdict"] == "ok" and verdict["observed"].endswith("GPU3 node 1")
 
 
 def test_nvidia_smi_csv_query():
@@ -804,6 +813,10 @@ def test_cmdline_real_output_and_the_aspm_parameters():
     assert cmdline["params"]["isolcpus"] == "6,7" and cmdline["params"]["quiet"] is True
     assert (cmdline["pcie_aspm"], cmdline["pcie_aspm_policy"]) == ("unset", "unset")
     assert hw.parse_cmdline("ro quiet pcie_aspm=off")["pcie_aspm"] == "off"
+    facts = good_genoa_facts()
+    facts["cmdline"] = cmdline
+    check = by_id(hw.evaluate(facts, GENOA_4090))["pcie_aspm_policy"]
+    assert check["status"] == "pass" and "cmdline" not in check["observed"]  # nothing about ASPM on this line
 
 
 def test_pcie_aspm_off_on_the_command_line_is_flagged_with_the_real_fix():
@@ -843,6 +856,10 @@ def test_mainline_log_shows_numa_balancing_amx_and_512_threads():
     assert (log["n_threads"], log["n_threads_batch"], log["total_threads"]) == (80, 80, 512)
     assert log["features"]["AVX512"] is True and log["features"]["AMX_INT8"] is True
     assert hw.is_unknown(log["cuda_devices"])
+    # Granite Rapids' build on a Zen 4 host: AMX and AVX-VNNI would fault; on Zen 4 nothing is left unused.
+    zen4 = lscpu_cpu("lscpu--2x-epyc-9374f-esc8000a-smt-off-nps1-avx512.txt")["flags"]
+    comparison = hw.compare_engine_isa(log["features"], zen4)
+    assert comparison["needs_missing"] == ["AVX_VNNI", "AMX_INT8"] and comparison["built_without"] == []
 
 
 def test_ik_server_log_shows_two_ada_gpus_smt_on_and_avx512_bf16():
