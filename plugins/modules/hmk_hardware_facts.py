@@ -134,7 +134,7 @@ def gather_numa(module):
         nodes[node] = {
             "cpus": read(os.path.join(path, "cpulist"), ""),
             "size_mb": int(total[0]) // 1024 if total else unknown("%s/meminfo has no MemTotal" % path),
-            "packages": sorted(int(p) for p in packages) if packages and None not in packages else
+            "packages": [] if not cpus else sorted(int(p) for p in packages) if None not in packages else
             unknown("no physical_package_id for the node's CPUs"),
         }
     source = "sysfs"
