@@ -378,3 +378,22 @@ def test_the_keyring_file_as_slurp_returns_it_decides_reuse():
     garbage = {"/usr/share/keyrings/cuda-archive-keyring.gpg": base64.b64encode(b"not a key").decode()}
     plan = nv.repo_source_plan(conflicts, NVIDIA_FPR, garbage)
     assert plan["mode"] == "replace" and "cannot be read" in plan["reason"]
+
+
+# --- the branch lock covers both namings -------------------------------------------------------
+
+def test_the_preferences_pin_and_the_holds_cover_both_namings():
+    import yaml
+    with io.open(os.path.join(ROOT, "roles", "nvidia_driver", "vars", "main.yml"), encoding="utf-8") as handle:
+        role_vars = yaml.safe_load(handle)
+    patterns = [p.strip("/") for p in role_vars["__nvidia_driver_pin_patterns"]]
+    hold = role_vars["__nvidia_driver_hold_regex"]
+    old, new = [line for line in read("apt-packages--ubuntu2404-cuda-repo-580-vs-590-names--dsx-infra-controller-6049.txt")
+                .splitlines() if line.strip()]
+    driver = [n for n in _names(old) + _names(new) if not n.startswith("datacenter-gpu-manager")]
+    # Debian's names for the same driver parts (Debian 12's non-free packages, as nvidia_driver_distro installs them).
+    driver += ["libcuda1", "nvidia-kernel-open-dkms", "firmware-nvidia-gsp", "libgl1-nvidia-glvnd-glx", "libnvcuvid1"]
+    for name in driver:
+        assert any(re.search(p, name) for p in patterns), name   # apt preferences: /regex/ is searched
+        assert re.search(hold, name), name
+    assert not any(re.search(p, "cuda-toolkit-12-8") for p in patterns)
