@@ -7,7 +7,8 @@ per-layer expert bytes of the deployed GGUF), the roofline ceilings and the effi
 the llama-bench command mapped from the service's own arguments, the energy of the generation run (RAPL
 wraparound, GPU board power) and the report (JSON and Markdown). Every number in the report is either
 measured, derived from measured numbers, or an explicit {"available": false, "reason": ...}.
-tests/unit/test_validate.py imports this file directly.
+tests/unit/test_validate.py imports this file directly. Hardware output (nvidia-smi's power samples) and the
+bandwidth formula come from the kit's one hardware package, module_utils/hmk_hardware.py.
 """
 from __future__ import absolute_import, division, print_function
 
@@ -15,6 +16,8 @@ __metaclass__ = type
 
 import json
 import re
+
+from ansible_collections.hmk.moe_kit.plugins.module_utils import hmk_hardware as hw
 
 try:
     from ansible.errors import AnsibleFilterError
@@ -52,8 +55,8 @@ def theoretical_bandwidth(hardware):
     channels, speed = memory.get("channels_per_socket"), memory.get("min_speed_mts")
     if not channels or not speed:
         return unavailable("the hardware profile has no memory.channels_per_socket / memory.min_speed_mts")
-    gbps = sockets * int(channels) * int(speed) * 1e6 * 8 / GB
-    return {"available": True, "gbps": round(gbps, 1),
+    gbps = hw.theoretical_bandwidth_gbs(sockets * int(channels), int(speed))
+    return {"available": True, "gbps": gbps,
             "formula": "%d socket(s) x %d channels x %d MT/s x 8 bytes" % (sockets, int(channels), int(speed))}
 
 
@@ -124,16 +127,19 @@ def rapl_energy(rapl):
 
 
 def gpu_energy(gpu_power, seconds):
-    """Average board power (summed over GPUs) and energy over the run from nvidia-smi samples."""
+    """Average board power (summed over GPUs) and energy over the run from nvidia-smi's raw samples."""
     gpu_power = gpu_power or {}
     if not gpu_power.get("available"):
         return unavailable(gpu_power.get("reason") or "GPU power was not sampled")
     per_gpu = {}
-    for sample in gpu_power.get("samples") or []:
-        per_gpu.setdefault(int(sample["gpu"]), []).append(float(sample["watts"]))
+    for sample in hw.parse_nvidia_smi_power(gpu_power.get("raw")):
+        per_gpu.setdefault(sample["gpu"], []).append(sample["watts"])
     seconds = _num(seconds)
-    if not per_gpu or not seconds:
-        return unavailable("no power.draw samples")
+    if not per_gpu:
+        return unavailable("nvidia-smi gave no power.draw sample: %s" % (
+            (gpu_power.get("stderr") or "").strip() or (gpu_power.get("raw") or "").strip()[-300:] or "no output"))
+    if not seconds:
+        return unavailable("the tg run has no wall time")
     averages = {gpu: sum(values) / len(values) for gpu, values in sorted(per_gpu.items())}
     watts = sum(averages.values())
     return {"available": True, "average_watts": round(watts, 2), "joules": round(watts * seconds, 3),
