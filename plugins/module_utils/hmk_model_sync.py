@@ -22,7 +22,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_gguf import GGUFError, read_gguf
-from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_validate import rule_component, rule_rel_path
+from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_validate import CONTROL, rule_component, rule_rel_path
 
 __metaclass__ = type
 
@@ -351,7 +351,7 @@ def curl_config(url, token):
     newline, which would end a header), so it is refused: the roles refuse it earlier, with the variable named.
     """
     def quote(value):
-        if re.search("[\x00-\x1f\x7f]", value):
+        if CONTROL.search(value):
             raise SyncError("a control character (a line break?) in the URL or the token cannot go into curl's "
                             "configuration; refused")
         return '"%s"' % value.replace("\\", "\\\\").replace('"', '\\"')

@@ -221,7 +221,8 @@ def rule_url(value, schemes=("http", "https"), allow_empty=False, **_):
     if PERCENT.search(value):
         return "%s whose %%-escapes are two hex digits and encode no control character" % allowed
     host = match.group(2)
-    if "@" in host:
+    userinfo, at, host = host.rpartition("@")
+    if at and (":" in userinfo or match.group(1).lower() in ("http", "https")):
         return "%s without credentials in it (give a token through its own variable, kept in a vault)" % allowed
     if match.group(1).lower() != "file" and not re.fullmatch(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:[0-9]{1,5})?",
                                                                host):
