@@ -470,16 +470,17 @@ def check(spec):
     var, value, rule = spec["var"], spec.get("value"), spec.get("rule")
     secret = bool(spec.get("secret"))
     opts = dict((k, v) for k, v in spec.items() if k not in ("var", "value", "rule", "secret", "elements", "keys",
-                                                              "values", "skip", "min_items", "max_items"))
+                                                              "values", "skip", "min_items", "max_items", "hint"))
     out = []
     if rule in ("list", "dict"):
         expected = list if rule == "list" else dict
         if not isinstance(value, (list, tuple) if expected is list else dict):
             return [refusal(var, value, "a " + rule, secret)]
+        hint = "; %s" % spec["hint"] if spec.get("hint") else ""
         if "min_items" in spec and len(value) < spec["min_items"]:
-            out.append(refusal(var, value, "at least %d item(s)" % spec["min_items"], secret))
+            out.append(refusal(var, value, "at least %d item(s)%s" % (spec["min_items"], hint), secret))
         if "max_items" in spec and len(value) > spec["max_items"]:
-            out.append(refusal(var, value, "at most %d item(s)" % spec["max_items"], secret))
+            out.append(refusal(var, value, "at most %d item(s)%s" % (spec["max_items"], hint), secret))
         for name, key, item in _items(var, value):
             if rule == "dict" and spec.get("keys"):
                 out += check(dict(spec["keys"], var="%s key" % name, value=key, secret=secret))
@@ -491,7 +492,7 @@ def check(spec):
         return _check_sysctl(var, value, spec.get("string_keys") or [])
     if rule not in RULES:
         raise ValueError("hmk_validate: unknown rule %r for %s" % (rule, var))
-    allowed = RULES[rule](value, **dict((k, v) for k, v in opts.items() if k != "hint"))
+    allowed = RULES[rule](value, **opts)
     if allowed:
         out.append(refusal(var, value, allowed + ("; %s" % spec["hint"] if spec.get("hint") else ""), secret))
     return out

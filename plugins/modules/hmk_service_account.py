@@ -28,6 +28,14 @@ options:
     description: The mark in the GECOS field that says the kit created the account.
     type: str
     default: hybrid-moe-kit service account
+  user_var:
+    description: The variable the user name came from, named in refusals.
+    type: str
+    default: service user
+  group_var:
+    description: The variable the group name came from, named in refusals.
+    type: str
+    default: service group
 author: hybrid-moe-kit
 """
 
@@ -55,13 +63,13 @@ def _gecos_mark(entry):
     return entry.pw_gecos.split(",")[0]
 
 
-def account_problems(name, group, mark, users, groups):
+def account_problems(name, group, mark, users, groups, user_var="service user", group_var="service group"):
     """Refusals for using `name`:`group` as the kit's account; `users`/`groups` are pwd/grp entries."""
     out = []
-    for var, value in (("user", name), ("group", group)):
+    for var, value in ((user_var, name), (group_var, group)):
         problem = rule_user(value)
         if problem:
-            out.append(refusal("service %s" % var, value, problem))
+            out.append(refusal(var, value, problem))
     if out:
         return out
     by_name = dict((u.pw_name, u) for u in users)
@@ -69,10 +77,10 @@ def account_problems(name, group, mark, users, groups):
     user = by_name.get(name)
     if user is not None:
         if user.pw_uid == 0:
-            out.append(refusal("service user", name, "a dedicated unprivileged account, never uid 0"))
+            out.append(refusal(user_var, name, "a dedicated unprivileged account, never uid 0"))
         elif name not in ours:
             out.append(refusal(
-                "service user", name,
+                user_var, name,
                 "a new account the kit creates, or one it created before (GECOS \"%s\"); %s exists as uid %d "
                 "(home %s, shell %s) and was not created by this kit, so it is left untouched. Choose another name; "
                 "if this is the account an earlier version of the kit created, mark it with: usermod -c '%s' %s"
@@ -82,9 +90,9 @@ def account_problems(name, group, mark, users, groups):
         foreign = sorted(set([u.pw_name for u in users if u.pw_gid == existing.gr_gid and u.pw_name not in ours]
                              + [m for m in existing.gr_mem if m not in ours]))
         if existing.gr_gid == 0:
-            out.append(refusal("service group", group, "a dedicated group, never gid 0"))
+            out.append(refusal(group_var, group, "a dedicated group, never gid 0"))
         elif foreign:
-            out.append(refusal("service group", group, "a group of the kit's accounts only; %s also belongs to %s, "
+            out.append(refusal(group_var, group, "a group of the kit's accounts only; %s also belongs to %s, "
                                                          "who would share what the service reads"
                                                          % (group, ", ".join(foreign))))
     return out
@@ -96,12 +104,15 @@ def main():
             name=dict(type="str", required=True),
             group=dict(type="str"),
             comment=dict(type="str", default=MARK),
+            user_var=dict(type="str", default="service user"),
+            group_var=dict(type="str", default="service group"),
         ),
         supports_check_mode=True,
     )
     name, mark = module.params["name"], module.params["comment"]
     group = module.params["group"] or name
-    problems = account_problems(name, group, mark, pwd.getpwall(), grp.getgrall())
+    problems = account_problems(name, group, mark, pwd.getpwall(), grp.getgrall(), module.params["user_var"],
+                                module.params["group_var"])
     if problems:
         module.fail_json(msg="refused before any change: " + " | ".join(problems), refusals=problems, created=False)
     changed = False

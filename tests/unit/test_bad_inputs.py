@@ -14,11 +14,9 @@ import pytest
 import yaml
 
 from ansible.parsing.dataloader import DataLoader
-from ansible.plugins.loader import init_plugin_loader
 from ansible.template import Templar, trust_as_template
 
 REPO = Path(__file__).resolve().parents[2]
-init_plugin_loader([str(REPO / ".collections")])
 
 TABLE = yaml.safe_load((REPO / "tests" / "bad_inputs.yml").read_text())
 LAB = REPO / "inventories" / "lab" / "group_vars" / "twins"
