@@ -23,6 +23,8 @@ LAB = REPO / "inventories" / "lab" / "group_vars" / "twins"
 FACTS = {"processor_vcpus": 2, "processor_cores": 2, "processor_count": 1, "distribution": "Debian",
          "distribution_major_version": "12", "distribution_version": "12.7", "distribution_release": "bookworm",
          "os_family": "Debian"}
+# What a play gives a role besides the lab inventory before the role can run at all (molecule/hardening passes the same).
+ROLE_CONTEXT = {"ktransformers_build": {"hmk_ktransformers": {"method": "BF16", "weight_path": "/srv/kt-models/tiny"}}}
 
 
 def _trust(value):
@@ -49,6 +51,7 @@ def role_vars(role, overrides=None):
         path = REPO / "roles" / role / "vars" / name
         if path.exists():
             variables.update(_load(path))
+    variables.update(ROLE_CONTEXT.get(role, {}))
     variables.update(overrides or {})
     variables["ansible_facts"] = dict(FACTS)
     variables["inventory_hostname"] = "epyc-node"
