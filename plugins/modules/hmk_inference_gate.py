@@ -10,8 +10,8 @@ DOCUMENTATION = r"""
 module: hmk_inference_gate
 short_description: Wait until a restarted inference service is ready, or fail early with the reason
 description:
-  - Polls the unit every second and its readiness - C(/health) answering 200 (C(mode=http), llama.cpp-family
-    engines, 503 while the model loads) or the port accepting connections (C(mode=tcp), KTransformers).
+  - Polls the unit every second and the engine's own C(/health) until it answers 200 (llama.cpp-family engines
+    answer 503 while the model loads; sglang-kt's runs one token first).
   - Fails as soon as the unit has failed, or systemd restarted the engine (it exited), instead of waiting out the
     timeout; fails when the timeout passes. The message carries the unit's result and the engine's last journal
     lines since C(since).
@@ -21,21 +21,10 @@ options:
     description: The systemd unit.
     type: str
     required: true
-  mode:
-    description: How readiness shows.
-    type: str
-    choices: [http, tcp]
-    default: http
   url:
-    description: The health URL (mode http).
+    description: The health URL.
     type: str
-  host:
-    description: Address to connect to (mode tcp).
-    type: str
-    default: 127.0.0.1
-  port:
-    description: Port to connect to (mode tcp).
-    type: int
+    required: true
   timeout:
     description: Seconds the engine may take to become ready.
     type: int
@@ -62,7 +51,6 @@ main_pid:
   returned: success
 """
 
-import socket
 import time
 
 from ansible.module_utils.basic import AnsibleModule
@@ -86,13 +74,7 @@ def verdict(first, now):
     return None
 
 
-def ready(mode, url, host, port):
-    if mode == "tcp":
-        try:
-            socket.create_connection((host, port), timeout=3).close()
-            return True
-        except (socket.error, OSError):
-            return False
+def ready(url):
     try:
         return open_url(url, timeout=5, validate_certs=False, follow_redirects="none").getcode() == 200
     except Exception:  # pylint: disable=broad-except  # 503 while loading, refused before the bind: not ready yet
@@ -103,10 +85,7 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             unit=dict(type="str", required=True),
-            mode=dict(type="str", choices=["http", "tcp"], default="http"),
-            url=dict(type="str"),
-            host=dict(type="str", default="127.0.0.1"),
-            port=dict(type="int"),
+            url=dict(type="str", required=True),
             timeout=dict(type="int", default=600),
             since=dict(type="float", default=0),
             journal_lines=dict(type="int", default=25),
@@ -122,7 +101,7 @@ def main():
         reason = verdict(first, now)
         if reason:
             break
-        if now.get("ActiveState") == "active" and ready(p["mode"], p["url"], p["host"], p["port"]):
+        if now.get("ActiveState") == "active" and ready(p["url"]):
             module.exit_json(changed=False, waited=round(time.time() - start, 1), main_pid=int(now.get("MainPID") or 0))
         if time.time() - start > p["timeout"]:
             reason = "not ready after %d s (%s/%s)" % (p["timeout"], now.get("ActiveState"), now.get("SubState"))
