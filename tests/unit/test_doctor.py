@@ -71,6 +71,9 @@ def healthy():
         "cpufreq": {"stdout": "/sys/devices/system/cpu/cpufreq/policy0/scaling_governor:performance\n"
                               "/sys/devices/system/cpu/cpufreq/policy1/scaling_governor:performance\n", "stderr": ""},
         "governor": "performance",
+        "model_integrity": {"path": "/var/lib/hmk/model-integrity.json",
+                            "record": {"schema": "hmk-model-integrity/1", "ok": True, "files_checked": 2,
+                                       "mismatches": [], "missing": [], "finished": 1764500000.0}},
     }
 
 
@@ -118,7 +121,7 @@ def test_broken_node_ranks_the_failed_service_and_refused_flag_first():
     assert ranked[:8] == [(1, "critical", "service_state"), (2, "critical", "engine_flags"),
                           (3, "critical", "numa_balancing"), (4, "critical", "numa_nodes_per_socket"),
                           (5, "warning", "engine_errors"), (6, "warning", "smt"), (7, "warning", "pcie_aspm"),
-                          (8, "ok", "nvidia_driver")]
+                          (8, "ok", "model_integrity")]
     assert [f["rank"] for f in report["findings"]] == list(range(1, len(report["findings"]) + 1))
     assert "-no-fmoe" in report["findings"][1]["fix"] and report["findings"][1]["evidence"] == IK_FMOE
     assert report["summary"]["critical"] == 4 and report["summary"]["warning"] == 3
@@ -599,6 +602,29 @@ def test_governor():
     assert "kernel_tuning_cpufreq_governor: performance" in finding["fix"]
     raw["cpufreq"] = {"stdout": "", "stderr": ""}
     assert doctor.check_governor(raw)["severity"] == "info"
+
+
+# ------------------------------------------------------------------------------ model integrity
+
+def test_a_file_that_failed_the_scheduled_rehash_is_critical_and_named_with_the_fix():
+    raw = healthy()
+    raw["model_integrity"]["record"] = {
+        "ok": False, "files_checked": 2, "missing": [],
+        "mismatches": [{"model": "r1", "file": "r1-00002-of-00002.gguf", "expected_sha256": "ab" * 32,
+                        "observed_sha256": "cd" * 32, "quarantined_to": "/srv/models/.quarantine/r1/x.rehash-mismatch"}]}
+    report = doctor.diagnose(raw)
+    finding = only(report["findings"], "model_integrity")
+    assert finding["severity"] == "critical" and finding["rank"] == 1
+    assert "r1/r1-00002-of-00002.gguf" in finding["evidence"] and "cdcdcdcd" in finding["evidence"]
+    assert ".quarantine/r1/x.rehash-mismatch" in finding["evidence"]
+    assert "site.yml" in finding["fix"]
+
+
+def test_no_rehash_record_yet_is_information_only():
+    raw = healthy()
+    raw["model_integrity"] = {"path": "/var/lib/hmk/model-integrity.json", "record": None}
+    finding = only(doctor.diagnose(raw)["findings"], "model_integrity")
+    assert finding["severity"] == "info" and "hmk-model-rehash" in finding["fix"]
 
 
 # ------------------------------------------------------------------------ engine ISA, passthrough
