@@ -97,21 +97,30 @@ class FilesError(Exception):
     pass
 
 
-def _uid(owner):
+# In check mode an account the same run would create earlier does not exist yet: the file then "would change"
+# (an id no file has) instead of failing the dry run.
+UNKNOWN = -1
+
+
+def _uid(owner, check_mode):
     if owner.isdigit():
         return int(owner)
     try:
         return pwd.getpwnam(owner).pw_uid
     except KeyError:
+        if check_mode:
+            return UNKNOWN
         raise FilesError("owner %r does not exist on the node" % owner)
 
 
-def _gid(group):
+def _gid(group, check_mode):
     if group.isdigit():
         return int(group)
     try:
         return grp.getgrnam(group).gr_gid
     except KeyError:
+        if check_mode:
+            return UNKNOWN
         raise FilesError("group %r does not exist on the node" % group)
 
 
@@ -125,11 +134,11 @@ def _mode(text, path):
     return mode
 
 
-def _wanted(item):
+def _wanted(item, check_mode):
     path = item["path"]
     if not os.path.isabs(path):
         raise FilesError("%s is not an absolute path" % path)
-    return path, _uid(item["owner"]), _gid(item["group"]), _mode(item["mode"], path)
+    return path, _uid(item["owner"], check_mode), _gid(item["group"], check_mode), _mode(item["mode"], path)
 
 
 def _attrs_differ(st, uid, gid, mode):
@@ -143,13 +152,13 @@ def _lstat(path):
         return None
 
 
-def plan(directories, files, absent, secrets=()):
+def plan(directories, files, absent, secrets=(), check_mode=False):
     """What must change: [(kind, path, detail)], read-only. Raises FilesError on bad input or a missing
     parent, so that nothing is written when any item cannot be."""
     actions = []
     made = set()
     for item in directories:
-        path, uid, gid, mode = _wanted(item)
+        path, uid, gid, mode = _wanted(item, check_mode)
         missing = []
         probe = path
         while probe != "/" and _lstat(probe) is None and probe not in made:
@@ -164,12 +173,16 @@ def plan(directories, files, absent, secrets=()):
         if st is not None and _attrs_differ(st, uid, gid, mode):
             actions.append(("attrs", path, (uid, gid, mode)))
     for item in [dict(i, diff=True) for i in files] + [dict(i, diff=False) for i in secrets]:
-        path, uid, gid, mode = _wanted(item)
+        path, uid, gid, mode = _wanted(item, check_mode)
         parent = os.path.dirname(path)
         parent_st = _lstat(parent)
-        if parent not in made and (parent_st is None or not stat.S_ISDIR(parent_st.st_mode)):
-            raise FilesError("the directory of %s does not exist (list it in directories)" % path)
         data = item["content"].encode("utf-8")
+        if parent not in made and (parent_st is None or not stat.S_ISDIR(parent_st.st_mode)):
+            if check_mode and parent_st is None:
+                # An earlier task of the same run would create it.
+                actions.append(("write", path, (uid, gid, mode, data, None, item["diff"])))
+                continue
+            raise FilesError("the directory of %s does not exist (list it in directories)" % path)
         st = _lstat(path)
         before = None
         if st is not None:
@@ -266,7 +279,7 @@ def main():
     )
     try:
         actions = plan(module.params["directories"], module.params["files"], module.params["absent"],
-                       module.params["secrets"])
+                       module.params["secrets"], module.check_mode)
     except (FilesError, OSError) as exc:
         module.fail_json(msg="hmk_files: %s; nothing was changed" % exc)
     result = dict(changed=bool(actions), changed_paths=sorted({path for _, path, _ in actions}))

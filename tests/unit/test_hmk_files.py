@@ -77,6 +77,15 @@ def test_check_mode_reports_the_changes_and_makes_none(tmp_path):
     assert not (tmp_path / "etc").exists()
 
 
+def test_check_mode_takes_an_account_the_run_would_create_first_as_a_change(tmp_path):
+    args = layout(tmp_path)
+    args["files"][0]["group"] = "no-such-group-hmk"
+    result = run(tmp_path, check=True, **args)
+    assert result["changed"] is True and result.get("failed") is not True
+    assert str(tmp_path / "etc" / "svc" / "args") in result["changed_paths"]
+    assert "group 'no-such-group-hmk' does not exist" in run(tmp_path, **args)["msg"]
+
+
 def test_diff_shows_text_but_never_a_secret_and_the_log_never_holds_content(tmp_path):
     result = run(tmp_path, diff=True, **layout(tmp_path))
     shown = {d["after_header"]: d["after"] for d in result["diff"]}
