@@ -85,7 +85,7 @@ def argv_for(layout, profile, facts, accepted=IK_PINNED, engine="ik_llama.cpp", 
     plan = plan_for(layout, profile)
     opts = {"engine": engine, "accepted": accepted, "model": "/srv/models/m/m-00001-of-00009.gguf",
             "arch": layout["architecture"], "threads": svc.physical_cores(facts), "ot": plan["rules"],
-            "numa_nodes": 1, "port": 8080, "amb": 512}
+            "ts": plan["tensor_split"], "numa_nodes": 1, "port": 8080, "amb": 512}
     opts.update(extra)
     return svc.llama_argv(opts), plan
 
@@ -129,30 +129,33 @@ def test_qwen3_235b_on_genoa_5090_has_no_mla_and_fills_the_32_gib_card():
     assert all_values(argv, "-ot") == [r"blk\.(0|1|2|3|4|5|6|7|8|9|10|11|12|13)\.ffn_.*_exps=CUDA0", "exps=CPU"]
 
 
-def test_r1_on_milan_4x4090_spreads_whole_layers_over_the_four_gpus_in_order():
+def test_r1_on_milan_4x4090_keeps_each_gpus_experts_inside_the_layers_it_holds():
     argv, plan = argv_for(r1_layout(), MILAN_4X4090, MILAN_FACTS)
     assert value(argv, "-t") == "64"
-    assert [g["layers"] for g in plan["gpus"]] == [[3, 4, 5], [6, 7, 8], [9, 10, 11], [12, 13, 14]]
-    placed = [n for g in plan["gpus"] for n in g["layers"]]
-    assert len(placed) == len(set(placed))  # no layer on two GPUs
-    assert sorted(placed + plan["cpu_layers"]) == list(range(3, 61))
+    # -ngl 99 gives each GPU a contiguous block of the 61 layers (the output layer on the last); each GPU
+    # takes its experts from its own block, never from a neighbour's (tests/unit/test_gpu_placement.py).
+    assert [g["block"] for g in plan["gpus"]] == [[0, 14], [15, 29], [30, 45], [46, 60]]
+    assert [g["layers"] for g in plan["gpus"]] == [[3, 4, 5], [15, 16, 17], [30, 31, 32], [46, 47, 48]]
+    assert sorted(plan["cpu_layers"] + [n for g in plan["gpus"] for n in g["layers"]]) == list(range(3, 61))
     for gpu in plan["gpus"]:
         assert gpu["expected_bytes"] <= gpu["vram_bytes"], gpu
-        assert gpu["base_bytes"] + gpu["expert_bytes"] == gpu["expected_bytes"]
-    rules = all_values(argv, "-ot")
-    assert rules == [r"blk\.(3|4|5)\.ffn_.*_exps=CUDA0", r"blk\.(6|7|8)\.ffn_.*_exps=CUDA1",
-                     r"blk\.(9|10|11)\.ffn_.*_exps=CUDA2", r"blk\.(12|13|14)\.ffn_.*_exps=CUDA3", "exps=CPU"]
+    assert all_values(argv, "-ot") == [r"blk\.(3|4|5)\.ffn_.*_exps=CUDA0", r"blk\.(15|16|17)\.ffn_.*_exps=CUDA1",
+                                       r"blk\.(30|31|32)\.ffn_.*_exps=CUDA2", r"blk\.(46|47|48)\.ffn_.*_exps=CUDA3",
+                                       "exps=CPU"]
+    # the -ts that makes mainline's and ik's own split give these blocks is rendered (tested in test_gpu_placement)
+    assert value(argv, "-ts") == ",".join("%g" % v for v in plan["tensor_split"]) and len(plan["tensor_split"]) == 4
 
 
 def test_first_match_wins_order_sends_each_tensor_where_the_plan_says():
     _, plan = argv_for(r1_layout(), MILAN_4X4090, MILAN_FACTS)
     rules = plan["rules"]
     assert svc.rule_buffer(rules, "blk.3.ffn_up_exps.weight") == "CUDA0"
-    assert svc.rule_buffer(rules, "blk.14.ffn_down_exps.weight") == "CUDA3"
+    assert svc.rule_buffer(rules, "blk.17.ffn_down_exps.weight") == "CUDA1"
     # blk.30 must not match the blk\.(3|...) rule, and the catch-all comes last
-    assert svc.rule_buffer(rules, "blk.30.ffn_gate_exps.weight") == "CPU"
+    assert svc.rule_buffer(rules, "blk.30.ffn_gate_exps.weight") == "CUDA2"
+    assert svc.rule_buffer(rules, "blk.33.ffn_gate_exps.weight") == "CPU"
     assert svc.rule_buffer(rules, "blk.60.ffn_up_exps.weight") == "CPU"
-    # shared experts and attention match no rule: they follow -ngl onto the GPUs
+    # shared experts and attention match no rule: they follow -ngl onto the GPU holding the layer
     assert svc.rule_buffer(rules, "blk.3.ffn_up_shexp.weight") is None
     assert svc.rule_buffer(rules, "blk.3.attn_kv_a_mqa.weight") is None
 
@@ -252,14 +255,15 @@ def test_zero_gpu_layers_requested_keeps_every_expert_on_cpu_quietly():
 def test_a_cap_on_gpu_layers_is_honoured():
     layout = r1_layout()
     plan = svc.placement_plan(layout, [24 * GIB] * 4, svc.kv_cache_bytes(layout, 32768), 3 * GIB, GIB, max_gpu_layers=5)
-    assert [g["layers"] for g in plan["gpus"]] == [[3, 4, 5], [6, 7], [], []]
+    assert [g["layers"] for g in plan["gpus"]] == [[3, 4, 5], [15, 16], [], []]
 
 
-def test_a_layer_that_does_not_fit_the_current_gpu_goes_to_the_next_whole():
+def test_a_layer_that_does_not_fit_its_gpu_stays_in_dram_and_never_moves_to_another_gpu():
     layout = {"expert_bytes": {"0": 6 * GIB, "1": 6 * GIB, "2": 6 * GIB}, "non_expert_bytes": 0}
     plan = svc.placement_plan(layout, [10 * GIB, 10 * GIB], 0, 0, 0)
-    assert [g["layers"] for g in plan["gpus"]] == [[0], [1]]
-    assert plan["cpu_layers"] == [2]
+    assert [g["block"] for g in plan["gpus"]] == [[0, 1], [2, 2]]
+    assert [g["layers"] for g in plan["gpus"]] == [[0], [2]]
+    assert plan["cpu_layers"] == [1]
 
 
 def test_kv_cache_sizes_match_the_brief():
@@ -274,11 +278,11 @@ def test_kv_cache_sizes_match_the_brief():
 def test_the_plan_is_readable():
     _, plan = argv_for(r1_layout(), MILAN_4X4090, MILAN_FACTS)
     text = svc.plan_markdown(plan, "R1")
-    assert "| CUDA1 | 6|7|8 |" in text
-    assert "    -ot exps=CPU" in text
+    assert "| CUDA1 | 15-29 | 15|16|17 |" in text and "| CUDA3 | 46-60 + output | 46|47|48 |" in text
+    assert "    -ot exps=CPU" in text and "    -ts " in text
     summary = svc.plan_summary(plan)
-    assert summary[0].startswith("CUDA0: layers [3,4,5]")
-    assert summary[-1].startswith("CPU: 46 MoE layers")
+    assert summary[0].startswith("CUDA0: holds layers 0-14, experts of [3,4,5]")
+    assert summary[4].startswith("CPU: 46 MoE layers") and summary[5].startswith("-ts ")
 
 
 def test_threads_are_physical_cores_unless_overridden():
