@@ -20,6 +20,8 @@ try:
 except ImportError:  # imported without Ansible (unit tests in a bare interpreter)
     AnsibleFilterError = ValueError
 
+from ansible_collections.hmk.moe_kit.plugins.module_utils import hmk_engine_log, hmk_nvidia_devices
+
 GIB = 1024 ** 3
 GB = 1000 ** 3
 
@@ -514,6 +516,48 @@ def plan_summary(plan):
     return out + ["WARNING: " + w for w in plan["warnings"]]
 
 
+# ------------------------------------------------------------------------------------------ the devices
+
+def nvidia_devices(proc_devices, device_allow=None):
+    """/proc/devices judged for the unit's DeviceAllow= entries: the driver's naming and the problems, with fixes."""
+    return hmk_nvidia_devices.nvidia(proc_devices, device_allow or ["char-nvidia*"])
+
+
+# ------------------------------------------------------------------------------------------ the proof
+
+def placement_proof(journal, plan_record, smi_gpus="", smi_apps="", pid=None, smi_error=""):
+    """The health gate's verdict on a GPU node: the engine's log of this start and nvidia-smi against the plan.
+
+    journal: the engine's output of this start (journalctl -o cat). plan_record: NAME-plan.json.
+    smi_gpus / smi_apps: nvidia-smi --query-gpu=index,uuid,memory.total and --query-compute-apps=pid,gpu_uuid,
+    used_memory (csv,noheader,nounits). smi_error: why nvidia-smi could not be read (a failure too: the
+    driver must answer on a GPU node). pid: the engine's MainPID.
+    """
+    apps = None
+    if not smi_error:
+        apps = hmk_engine_log.parse_smi_apps(smi_apps, hmk_engine_log.parse_smi_gpus(smi_gpus))
+    result = hmk_engine_log.evaluate(hmk_engine_log.parse(journal), plan_record, apps,
+                                     int(pid) if str(pid or "").isdigit() and int(pid) > 0 else None)
+    if smi_error:
+        result["ok"] = False
+        result["differences"].append({
+            "check": "gpu_memory", "found": "nvidia-smi failed: %s" % str(smi_error).strip()[:300],
+            "expected": "nvidia-smi lists the GPUs and the engine's memory on them",
+            "fix": "Repair the driver (playbooks/gpu.yml; a 'Driver/library version mismatch' needs a reboot)."})
+    result["summary"] = hmk_engine_log.summary(result)
+    return result
+
+
+def systemctl_show(text):
+    """`systemctl show UNIT --property=A --property=B` -> {A: value, B: value}."""
+    props = {}
+    for line in str(text or "").splitlines():
+        if "=" in line:
+            key, value = line.split("=", 1)
+            props[key.strip()] = value.strip()
+    return props
+
+
 # --------------------------------------------------------------------------------------------- misc
 
 def physical_cores(facts, override=0):
@@ -552,6 +596,9 @@ class FilterModule(object):
             "inference_service_gpu_vram": gpu_vram_bytes,
             "inference_service_plan": placement_plan,
             "inference_service_split_model": split_model,
+            "inference_service_placement_proof": placement_proof,
+            "inference_service_systemctl_show": systemctl_show,
+            "inference_service_nvidia_devices": nvidia_devices,
             "inference_service_plan_markdown": plan_markdown,
             "inference_service_plan_summary": plan_summary,
             "inference_service_threads": physical_cores,

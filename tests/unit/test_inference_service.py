@@ -431,7 +431,8 @@ def render_unit(**overrides):
         "inference_service_engine_root": "/opt/hmk/engines/ik_llama.cpp",
         "__inference_service_llama_engines": ["ik_llama.cpp", "llama.cpp"],
         "__inference_service_gpu_count": 0,
-        "__inference_service_gpu_devices": ["char-nvidia-frontend", "char-nvidia-uvm", "char-nvidia-caps"],
+        "__inference_service_gpu_devices": yaml.safe_load((ROLE / "vars" / "main.yml").read_text())[
+            "__inference_service_gpu_devices"],
         "__inference_service_numa_nodes": 1,
         "__inference_service_plan_md": "/etc/hmk/hmk-inference-plan.md",
         "__inference_service_args_path": "/etc/hmk/hmk-inference.args",
@@ -460,11 +461,12 @@ def test_cpu_only_unit_is_sandboxed_without_devices_and_with_mdwe():
 
 def test_gpu_unit_requires_the_driver_units_and_allows_only_nvidia_devices():
     unit = render_unit(__inference_service_gpu_count=4)
-    assert "After=network.target nvidia-persistenced.service" in unit
-    assert "Requires=nvidia-persistenced.service" in unit
+    assert "After=network.target nvidia-persistenced.service hmk-nvidia-device-nodes.service" in unit
+    assert "Requires=nvidia-persistenced.service hmk-nvidia-device-nodes.service" in unit
     assert "DevicePolicy=closed" in unit and "PrivateDevices=false" in unit
-    assert [line for line in unit if line.startswith("DeviceAllow=")] == [
-        "DeviceAllow=char-nvidia-frontend rw", "DeviceAllow=char-nvidia-uvm rw", "DeviceAllow=char-nvidia-caps rw"]
+    # one glob for every driver generation (tests/unit/test_nvidia_devices.py matches it against both namings)
+    assert [line for line in unit if line.startswith("DeviceAllow=")] == ["DeviceAllow=char-nvidia* rw"]
+    assert "Environment=CUDA_DEVICE_ORDER=PCI_BUS_ID" in unit
     assert "MemoryDenyWriteExecute=true" not in unit  # auto: not verified with NVIDIA's user-space driver
     assert "RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX AF_NETLINK" in unit
 
