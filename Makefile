@@ -12,7 +12,7 @@ DEB_PACKAGES := qemu-system-x86 qemu-utils debootstrap grub-pc-bin grub2-common 
 LAB_ARGS ?=
 LAB_KIND ?= container
 
-.PHONY: help deps venv image lab lab-down lint syntax unit integration cuda-sample molecule test test-quick bench clean \
+.PHONY: help deps venv image lab lab-down lint syntax unit integration collection ee cuda-sample molecule kt-native test test-quick bench fleet-bench clean \
 	gpu-bundle gpu-acceptance
 
 help:
@@ -22,6 +22,9 @@ help:
 	@echo "make test-quick  lint, syntax, unit tests (no twins)"
 	@echo "make bench       the test bed's costs (image, boot, reboot, container, scenarios)"
 	@echo "make gpu-bundle  stage what tests/gpu/acceptance.sh needs on a GPU machine without internet"
+	@echo "make collection  build the hmk.moe_kit tarball, install it apart, syntax-check every playbook by FQCN"
+	@echo "make ee          the execution environment's build context (ansible-builder create) in .cache/ee/context"
+	@echo "make fleet-bench site.yml over a fleet of container twins, timed (benchmarks/fleet.sh; ~25 min, not in CI)"
 
 # Debian packages the bed needs; apt-get only when one is missing.
 deps:
@@ -75,6 +78,20 @@ integration: deps venv
 molecule: deps venv image
 	scripts/run-molecule
 
+# Slow, optional (not in `make test`): molecule/ktransformers with kt-kernel built for the NATIVE class of this
+# machine (-march=native, AMX where the CPU has it) instead of AVX2; a second cold kt-kernel build, ~15 min on 2 cores.
+kt-native: deps venv image
+	tests/fixtures/engines/make-kt-repo.sh >/dev/null
+	HMK_KT_CPU_INSTRUCT=auto HMK_KT_ENABLE_AMX=auto molecule test -s ktransformers
+
+# The kit as users install it: the collection tarball, installed apart and resolved by FQCN; the execution
+# environment's definition validated and its build context created (no container image is built here).
+collection: venv
+	scripts/collection-check collection
+
+ee: venv
+	scripts/collection-check ee
+
 # The CUDA path of the engine build: configure ik_llama.cpp with CUDA 13.0 (+ cuBLAS and cmake
 # from PyPI, pinned by hash) through the role's own flag derivation, compile a few CUDA objects.
 cuda-sample: venv
@@ -90,12 +107,16 @@ gpu-acceptance:
 
 test-quick: lint syntax unit
 
-test: deps venv lint syntax unit integration cuda-sample molecule
+test: deps venv lint syntax unit collection ee integration cuda-sample molecule
 
 bench: deps venv image
 	benchmarks/bed.sh
 	python benchmarks/model_sync.py
 	benchmarks/engine_build.sh
+
+# Not part of bench or CI: N container twins rebuilt with site.yml at once, ~25 min on 2 cores (README).
+fleet-bench: deps venv image
+	benchmarks/fleet.sh
 
 clean: lab-down
 	rm -rf .cache reports

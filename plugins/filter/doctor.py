@@ -3,7 +3,9 @@
 
 The tasks only read (files, `systemctl show`, `journalctl`, `nvidia-smi`, `fincore`); every judgement,
 every text a user sees and the ranking live here, so tests/unit/test_doctor.py can feed literal inputs.
-The hardware facts arrive already parsed by the bios_checklist role's module (hmk_hardware_facts).
+The hardware facts arrive already parsed by the bios_checklist role's module (hmk_hardware_facts), and every
+hardware judgement (NPS, memory nodes, channels, SMT, GPU links, ASPM, governor, the engine's ISA) comes from the
+shared module_utils/hmk_hardware.py, so the preflight and the doctor cannot disagree about a node.
 
 A finding: {id, severity (critical|warning|info|ok), title, evidence (what was read), fix}.
 critical: the service is down, or the node loses a large share of its speed; warning: a measurable
@@ -17,14 +19,16 @@ import json
 import re
 
 from ansible_collections.hmk.moe_kit.plugins.module_utils import hmk_engine_log, hmk_nvidia_devices
+from ansible_collections.hmk.moe_kit.plugins.module_utils import hmk_hardware as hw
 
 SEVERITIES = ("critical", "warning", "info", "ok")
 
 # The troubleshooting tree, most decisive first: a service that does not start, then what stops a
 # started one (flags, engine errors, driver), then what throws DRAM bandwidth away, then PCIe and power.
-ORDER = ("service_state", "engine_flags", "engine_errors", "nvidia_driver", "gpu_present", "gpu_devices",
-         "gpu_placement", "numa_balancing",
-         "numa_nodes_per_socket", "memory_channels", "smt", "model_page_cache", "gpu_pcie_link", "pcie_aspm",
+ORDER = ("service_state", "engine_flags", "engine_errors", "nvidia_driver", "engine_isa", "platform", "gpu_present",
+         "gpu_devices", "gpu_placement",
+         "numa_balancing", "numa_nodes_per_socket", "numa_memoryless_cpu_nodes", "numa_memory_only_nodes",
+         "numa_memory_placement", "memory_channels", "smt", "model_page_cache", "gpu_pcie_link", "pcie_aspm",
          "cpu_governor")
 
 GIB = 1024 ** 3
@@ -121,11 +125,6 @@ def _profile_get(profile, *path):
     return value
 
 
-def _virtual_note(cpu):
-    return " (in a VM or container this is the host's or the hypervisor's layout)" if (cpu or {}).get(
-        "hypervisor") else ""
-
-
 # ------------------------------------------------------------------------------------ parsing
 
 def parse_systemctl_show(text):
@@ -199,12 +198,7 @@ def meminfo_kb(text, key):
 
 def parse_governors(text):
     """`grep -r --include=scaling_governor . /sys/devices/system/cpu/cpufreq` -> {governor: policies}."""
-    counts = {}
-    for line in _lines(text):
-        value = line.rsplit(":", 1)[-1].strip()
-        if value:
-            counts[value] = counts.get(value, 0) + 1
-    return counts
+    return hw.parse_governors(text)
 
 
 # ------------------------------------------------------------------------------------- checks
@@ -357,120 +351,175 @@ def check_nvidia_driver(raw):
                     "Nothing to do.")
 
 
+def _facts(raw):
+    return raw.get("hardware") or {}
+
+
+def _hidden_finding(check_id, verdict, what):
+    return _finding(check_id, "info", "%s cannot be told from inside this virtual machine" % what,
+                    verdict["observed"], verdict["fix"])
+
+
+def check_platform(raw):
+    verdict = hw.judge_platform(_facts(raw), raw.get("profile"))
+    platform = verdict["platform"]
+    if platform["kind"] == "virtual":
+        return _finding("platform", "info", "This node is a virtual machine: the BIOS checks do not apply",
+                        verdict["observed"], verdict["fix"])
+    return _finding("platform", "ok", "Judged as bare metal", verdict["observed"], "Nothing to do.")
+
+
 def check_gpu_present(raw):
-    gpus = (raw.get("hardware") or {}).get("gpus") or []
+    verdict = hw.judge_gpu_present(_facts(raw), raw.get("profile"))
     want = _int(_profile_get(raw.get("profile"), "gpus", "count"), 0) or 0
-    listed = ", ".join("%s %s" % (g.get("pci_address"), g.get("model") or "?") for g in gpus)
-    if not gpus and not want:
+    usable = verdict["usable"]
+    evidence = str(verdict["observed"]) if verdict["observed"] else "no PCI display device with vendor 0x10de"
+    if verdict["verdict"] == "absent":
         return _finding("gpu_present", "info", "No NVIDIA GPU on this node; the GPU checks do not apply",
                         "no PCI display device with vendor 0x10de; the profile expects %d" % want,
                         "Nothing to do on a CPU-only node.")
-    if len(gpus) < want:
-        return _finding("gpu_present", "critical", "%d of %d expected GPUs are visible" % (len(gpus), want),
-                        listed or "no PCI display device with vendor 0x10de",
-                        "Seat the card in a CPU-attached x16 slot, check its power cables and BIOS "
-                        "(Above 4G Decoding on); list with `lspci -d 10de:`. Without it the service runs "
-                        "attention on the CPU.")
-    if len(gpus) == want:
-        return _finding("gpu_present", "ok", "%d NVIDIA GPU(s) visible as the profile expects" % want, listed,
+    if verdict["verdict"] == "bad":
+        title = "%d of %d expected GPUs are visible" % (usable, want)
+        if verdict["passed_through"]:
+            title += " (%s passed through with vfio-pci)" % ", ".join(verdict["passed_through"])
+        return _finding("gpu_present", "critical", title, evidence,
+                        verdict["fix"] + " Without it the service runs attention on the CPU.")
+    if verdict["verdict"] == "ok":
+        return _finding("gpu_present", "ok", "%d NVIDIA GPU(s) visible as the profile expects" % want, evidence,
                         "Nothing to do.")
-    return _finding("gpu_present", "info", "%d NVIDIA GPU(s) visible, the profile expects %d" % (len(gpus), want),
-                    listed, "Update gpus.count in the hardware profile to what the node has.")
+    return _finding("gpu_present", "info", "%d NVIDIA GPU(s) visible, the profile expects %d" % (usable, want),
+                    evidence, verdict["fix"])
 
 
 def check_numa_balancing(raw):
-    hw = raw.get("hardware") or {}
-    value = hw.get("numa_balancing")
-    nodes = (hw.get("cpu") or {}).get("numa_nodes")
-    fix = ("`sysctl -w kernel.numa_balancing=0` now; the kernel_tuning role makes it permanent "
-           "(/etc/sysctl.d).")
-    if value is None:
-        return _finding("numa_balancing", "ok", "NUMA balancing does not exist in this kernel",
-                        "/proc/sys/kernel/numa_balancing absent", "Nothing to do.")
-    if value == "unknown" or not isinstance(value, int):
-        return _finding("numa_balancing", "info", "NUMA balancing could not be read", str(value),
-                        "Read `cat /proc/sys/kernel/numa_balancing`; want 0.")
-    evidence = "kernel.numa_balancing=%d, %s NUMA node(s)" % (value, nodes if nodes else "?")
-    if value == 0:
-        return _finding("numa_balancing", "ok", "NUMA balancing is off", evidence, "Nothing to do.")
-    if nodes == 1:
-        return _finding("numa_balancing", "info", "NUMA balancing is on, without effect on a single node",
-                        evidence, "Turn it off anyway so an NPS change cannot bring the slowdown: " + fix)
-    return _finding("numa_balancing", "critical", "NUMA balancing is on: pages of the experts migrate",
-                    evidence, "It costs 50-65%% of generation speed. %s" % fix)
+    verdict = hw.judge_numa_balancing(_facts(raw), raw.get("profile"))
+    if verdict["verdict"] == "ok":
+        title = "NUMA balancing is off" if verdict["observed"] == 0 else "NUMA balancing does not exist in this kernel"
+        evidence = ("kernel.numa_balancing=0, %s NUMA node(s)" % _known(verdict.get("nodes"))
+                    if verdict["observed"] == 0 else "/proc/sys/kernel/numa_balancing absent")
+        return _finding("numa_balancing", "ok", title, evidence, "Nothing to do.")
+    if verdict["verdict"] == "unknown":
+        return _finding("numa_balancing", "info", "NUMA balancing could not be read",
+                        str(_facts(raw).get("numa_balancing")), verdict["fix"])
+    evidence = "kernel.numa_balancing=%s, %s NUMA node(s)" % (verdict["observed"], _known(verdict.get("nodes")))
+    if verdict["verdict"] == "minor":
+        return _finding("numa_balancing", "info", "NUMA balancing is on, without effect on a single node", evidence,
+                        verdict["fix"])
+    return _finding("numa_balancing", "critical", "NUMA balancing is on: pages of the experts migrate", evidence,
+                    "It costs 50-65%% of generation speed. %s" % verdict["fix"])
+
+
+def _known(value):
+    return value if hw.known(value) and value is not None else "?"
 
 
 def check_nps(raw):
-    cpu = (raw.get("hardware") or {}).get("cpu") or {}
-    want = _int(_profile_get(raw.get("profile"), "cpu", "numa_nodes_per_socket"), 1) or 1
-    sockets, nodes = cpu.get("sockets"), cpu.get("numa_nodes")
-    if not sockets or not nodes:
+    verdict = hw.judge_nps(_facts(raw), raw.get("profile"))
+    want = verdict["expected"]
+    if verdict["verdict"] == "hidden":
+        return _hidden_finding("numa_nodes_per_socket", verdict, "NPS (NUMA nodes per socket)")
+    if verdict["verdict"] == "unknown":
         return _finding("numa_nodes_per_socket", "info", "NUMA nodes per socket could not be read",
-                        "sockets=%s numa_nodes=%s" % (sockets, nodes),
-                        "Read `lscpu | grep -E 'Socket|NUMA node'`; want NPS%d." % want)
-    nps = nodes / float(sockets)
-    nps = int(nps) if nps == int(nps) else round(nps, 2)
-    evidence = "%s NUMA node(s) on %s socket(s): NPS%s" % (nodes, sockets, nps)
-    if nps == want:
+                        verdict.get("basis", ""), verdict["fix"])
+    nps = verdict["observed"]
+    evidence = "%s: NPS%s" % (verdict["basis"], nps)
+    if verdict["verdict"] == "ok":
         return _finding("numa_nodes_per_socket", "ok", "NPS%s as the profile wants" % nps, evidence, "Nothing to do.")
+    if verdict["verdict"] == "minor":
+        return _finding("numa_nodes_per_socket", "warning",
+                        "%s NUMA nodes per socket: the die layout of this CPU, not a BIOS setting" % nps,
+                        evidence + ". " + verdict["why"], verdict["fix"])
+    if not isinstance(nps, (int, float)):
+        return _finding("numa_nodes_per_socket", "critical", "Sockets carry different NUMA layouts", evidence,
+                        verdict["fix"])
     return _finding("numa_nodes_per_socket", "critical",
-                    "NPS%s instead of NPS%s: the experts' bandwidth is split%s" % (nps, want, _virtual_note(cpu)),
-                    evidence,
-                    "BIOS: Advanced > AMD CBS > DF Common Options > Memory Addressing > NUMA nodes per socket = "
-                    "NPS%d, then reboot (the OS cannot change it)." % want)
+                    "NPS%s instead of NPS%s: the experts' bandwidth is split" % (nps, want), evidence,
+                    verdict["fix"] + ", then reboot (the OS cannot change it).")
+
+
+def check_memory_nodes(raw):
+    facts, profile = _facts(raw), raw.get("profile")
+    findings = []
+    only = hw.judge_memory_only_nodes(facts, profile)
+    if only["verdict"] == "minor":
+        findings.append(_finding("numa_memory_only_nodes", "warning", "NUMA node(s) with memory and no CPU: %s" %
+                                 ", ".join("node %d" % n["node"] for n in only["nodes"]), only["observed"],
+                                 only["fix"]))
+    else:
+        findings.append(_finding("numa_memory_only_nodes", "ok" if only["verdict"] == "ok" else "info",
+                                 "No memory-only NUMA node" if only["verdict"] == "ok" else
+                                 "Memory-only NUMA nodes could not be read", only["observed"], only["fix"]))
+    less = hw.judge_memoryless_cpu_nodes(facts, profile)
+    if less["verdict"] == "bad":
+        findings.append(_finding("numa_memoryless_cpu_nodes", "warning", "CPU node(s) without memory: %s" %
+                                 ", ".join("node %d" % n for n in less["nodes"]), less["observed"], less["fix"]))
+    else:
+        findings.append(_finding("numa_memoryless_cpu_nodes", "ok" if less["verdict"] == "ok" else "info",
+                                 "Every CPU node has memory" if less["verdict"] == "ok" else
+                                 "Memory-less CPU nodes could not be read", less["observed"], less["fix"]))
+    placement = hw.judge_memory_placement(facts, profile)
+    severity = {"ok": "ok", "minor": "warning"}.get(placement["verdict"], "info")
+    title = {"ok": "Memory is spread evenly over the CPU nodes",
+             "minor": "Memory is uneven across the CPU nodes"}.get(placement["verdict"],
+                                                                   "Memory placement across nodes could not be read")
+    findings.append(_finding("numa_memory_placement", severity, title, placement["observed"], placement["fix"]))
+    return findings
 
 
 def check_memory_channels(raw):
-    hw = raw.get("hardware") or {}
-    memory = hw.get("memory") or {}
-    profile = raw.get("profile")
-    per_socket = _int(_profile_get(profile, "memory", "channels_per_socket"))
-    sockets = _int(_profile_get(profile, "cpu", "sockets")) or (hw.get("cpu") or {}).get("sockets") or 1
-    want = per_socket * sockets if per_socket else None
-    want_speed = _int(_profile_get(profile, "memory", "min_speed_mts"))
-    channels = memory.get("channels_populated")
-    if not memory.get("slots_populated"):
+    facts, profile = _facts(raw), raw.get("profile")
+    memory = facts.get("memory") or {}
+    channels = hw.judge_memory_channels(facts, profile)
+    speed = hw.judge_memory_speed(facts, profile)
+    want, _per_socket = hw.want_channels(facts, profile)
+    if channels["verdict"] == "hidden":
+        return _hidden_finding("memory_channels", channels, "The memory channel population")
+    if channels["verdict"] == "unknown" and not memory.get("slots_populated"):
         return _finding("memory_channels", "info", "The memory channels could not be read",
                         "dmidecode -t 17 lists no populated DIMM (%s slots)" % memory.get("slots_total", 0),
-                        "Read `dmidecode -t 17` as root on the host or the BMC (containers and some VMs have "
-                        "no SMBIOS memory devices); want %s channels populated." % (want or "all"))
-    speed = memory.get("configured_speed_mts")
+                        channels["fix"])
+    count = memory.get("channels_populated")
     evidence = "%s of %s channels populated (%s), %s of %s slots, %s MT/s, %s GB/s theoretical" % (
-        channels, memory.get("channels_total") or want or "?", memory.get("channel_source"),
-        memory.get("slots_populated"), memory.get("slots_total"), speed or "?", memory.get("bandwidth_gbs") or "?")
-    if want and channels < want:
+        count if hw.known(count) else "?", want or "?", memory.get("channel_source"), memory.get("slots_populated"),
+        memory.get("slots_total"), _known(memory.get("configured_speed_mts")), _known(memory.get("bandwidth_gbs")))
+    if channels["verdict"] == "bad":
+        known_count = count if hw.known(count) else memory.get("channels_upper_bound")
+        prefix = "" if hw.known(count) else "at most "
         return _finding("memory_channels", "critical",
-                        "%s of %s memory channels are populated: %d%% of the bandwidth is missing" % (
-                            channels, want, round(100.0 * (want - channels) / want)),
-                        evidence,
+                        "%s%s of %s memory channels are populated: %s%d%% of the bandwidth is missing" % (
+                            prefix, known_count, want, "at least " if prefix else "",
+                            round(100.0 * (want - known_count) / want)),
+                        evidence if hw.known(count) else channels["observed"],
                         "Populate one identical DIMM in every channel (board manual's population table); "
                         "generation speed scales with channels x MT/s.")
-    if want_speed and speed and speed < want_speed:
-        return _finding("memory_channels", "warning", "Memory runs at %s MT/s, below %s" % (speed, want_speed),
-                        evidence,
-                        "BIOS: AMD CBS > UMC Common Options > DDR Options > Memory Clock Speed = Auto/%d; "
-                        "one DIMM per channel." % want_speed)
-    if not want:
-        return _finding("memory_channels", "info", "%s channels populated; the profile names no target" % channels,
-                        evidence, "Set memory.channels_per_socket in the hardware profile.")
+    if channels["verdict"] == "unknown":
+        return _finding("memory_channels", "info", "Which memory channels are populated cannot be told from the "
+                        "DIMM labels", channels["observed"], channels["fix"])
+    if speed["verdict"] in ("bad", "minor"):
+        return _finding("memory_channels", "warning", "Memory runs at %s MT/s, below %s" % (
+            memory.get("configured_speed_mts"), _profile_get(profile, "memory", "min_speed_mts") or
+            memory.get("rated_speed_mts")), evidence + "; " + speed["observed"],
+            "BIOS: AMD CBS > UMC Common Options > DDR Options > Memory Clock Speed = Auto/%s; one DIMM per channel." %
+            (_profile_get(profile, "memory", "min_speed_mts") or "rated"))
     return _finding("memory_channels", "ok", "Every memory channel is populated", evidence, "Nothing to do.")
 
 
 def check_smt(raw):
-    cpu = (raw.get("hardware") or {}).get("cpu") or {}
-    want = bool(_profile_get(raw.get("profile"), "cpu", "smt"))
-    smt = cpu.get("smt_active")
-    if smt is None:
+    facts, profile = _facts(raw), raw.get("profile")
+    verdict = hw.judge_smt(facts, profile)
+    cpu = facts.get("cpu") or {}
+    if verdict["verdict"] == "hidden":
+        return _hidden_finding("smt", verdict, "SMT")
+    if verdict["verdict"] == "unknown":
         return _finding("smt", "info", "SMT could not be read", "no /sys/devices/system/cpu/smt/active",
-                        "Read `lscpu | grep 'Thread(s) per core'`; want %s." % ("on" if want else "off"))
-    evidence = "smt active=%d, %s thread(s) per core" % (1 if smt else 0, cpu.get("threads_per_core") or "?")
-    if smt == want:
-        return _finding("smt", "ok", "SMT is %s as the profile wants" % ("on" if smt else "off"), evidence,
-                        "Nothing to do.")
-    if smt:
-        return _finding("smt", "warning", "SMT is on%s" % _virtual_note(cpu), evidence,
-                        "BIOS: AMD CBS > CPU Common Options > SMT Control = Disable (runtime: `echo off > "
-                        "/sys/devices/system/cpu/smt/control`); threads = physical cores, SMT costs ~18%.")
+                        verdict["fix"])
+    evidence = "smt active=%d, %s thread(s) per core" % (1 if verdict["observed"] == "on" else 0,
+                                                        _known(cpu.get("threads_per_core")))
+    if verdict["verdict"] == "ok":
+        return _finding("smt", "ok", "SMT is %s as the profile wants" % verdict["observed"], evidence, "Nothing to do.")
+    if verdict["observed"] == "on":
+        return _finding("smt", "warning", "SMT is on", evidence,
+                        verdict["fix"] + "; threads = physical cores, SMT costs ~18%.")
     return _finding("smt", "info", "SMT is off but the profile expects it on", evidence,
                     "Set cpu.smt: false in the profile, or enable SMT in the BIOS.")
 
@@ -518,76 +567,111 @@ def check_page_cache(raw):
 
 
 def check_gpu_links(raw):
-    gpus = (raw.get("hardware") or {}).get("gpus") or []
-    want = _int(_profile_get(raw.get("profile"), "gpus", "min_link_width")) or 16
+    facts, profile = _facts(raw), raw.get("profile")
+    verdict = hw.judge_gpu_links(facts, profile)
+    gpus = [g for g in facts.get("gpus") or [] if g.get("driver") not in ("vfio-pci", "pci-stub")]
+    want = _int(_profile_get(profile, "gpus", "min_link_width")) or 16
     if not gpus:
-        return _finding("gpu_pcie_link", "info", "No GPU link to check", "no NVIDIA GPU on the PCI bus",
+        return _finding("gpu_pcie_link", "info", "No GPU link to check", "no NVIDIA GPU bound to a host driver",
                         "Nothing to do.")
-    narrow, slow, unknown, parts = [], [], [], []
+    if verdict["verdict"] == "hidden":
+        return _hidden_finding("gpu_pcie_link", verdict, "The GPU's physical PCIe link")
+    parts, narrow, slow, unread = [], [], [], []
     for gpu in gpus:
         link = gpu.get("link") or {}
-        cw, mw = link.get("current_width"), link.get("max_width")
-        cs, ms = link.get("current_speed_gts"), link.get("max_speed_gts")
         bdf = gpu.get("pci_address")
-        if cw is None or cs is None:
-            unknown.append(bdf)
+        cw, mw, cs, ms = (link.get(k) for k in ("current_width", "max_width", "current_speed_gts", "max_speed_gts"))
+        if not hw.known(cw) or not hw.known(cs) or cw is None or cs is None:
+            unread.append(bdf)
             parts.append("%s unknown" % bdf)
             continue
-        parts.append("%s x%s of x%s at %s of %s GT/s" % (bdf, cw, mw or "?", cs, ms or "?"))
-        if cw < want or (mw and cw < mw):
+        parts.append("%s x%s of x%s at %s of %s GT/s" % (bdf, cw, _known(mw), cs, _known(ms)))
+        if cw < want or (hw.known(mw) and mw and cw < mw):
             narrow.append(bdf)
-        elif ms and cs < ms:
+        elif hw.known(ms) and ms and cs < ms:
             slow.append(bdf)
     evidence = "; ".join(parts)
     if narrow:
         return _finding("gpu_pcie_link", "warning", "GPU link narrower than x%d: %s" % (want, ", ".join(narrow)),
-                        evidence,
-                        "Prompt processing copies experts over this link. Reseat the card in a CPU-attached x16 "
-                        "slot, check the BIOS slot bifurcation (x16) and risers.")
-    if unknown:
-        return _finding("gpu_pcie_link", "info", "GPU link width could not be read: %s" % ", ".join(unknown),
-                        evidence, "Read `lspci -vv -s <bdf> | grep -E 'LnkCap|LnkSta'` as root.")
+                        evidence, "Prompt processing copies experts over this link. " + verdict["fix"])
+    if unread:
+        return _finding("gpu_pcie_link", "info", "GPU link width could not be read: %s" % ", ".join(unread), evidence,
+                        "Read `lspci -vv -s <bdf> | grep -E 'LnkCap|LnkSta'` as root.")
     if slow:
         return _finding("gpu_pcie_link", "info", "GPU link below its top speed (normal at idle): %s" % ", ".join(slow),
-                        evidence,
-                        "GPUs drop to Gen1 when idle; re-read under load (`nvidia-smi -q -d PCIE` while "
+                        evidence, "GPUs drop to Gen1 when idle; re-read under load (`nvidia-smi -q -d PCIE` while "
                         "serving). If it stays low: BIOS PCIe link speed = Auto, check risers.")
     return _finding("gpu_pcie_link", "ok", "Every GPU link runs at full width and speed", evidence, "Nothing to do.")
 
 
 def check_aspm(raw):
-    policy = (raw.get("hardware") or {}).get("pcie_aspm_policy")
-    fix = ("Kernel command line `pcie_aspm.policy=performance` (kernel_tuning role) or BIOS: Advanced > PCI "
-           "Subsystem Settings > ASPM Support = Disabled. `pcie_aspm=off` does not disable it.")
-    if not policy:
-        return _finding("pcie_aspm", "info", "The ASPM policy could not be read",
-                        "no /sys/module/pcie_aspm/parameters/policy",
-                        "Read `lspci -vv | grep 'LnkCtl:.*ASPM'`; the firmware decides. " + fix)
-    evidence = "pcie_aspm policy [%s]" % policy
-    if policy == "performance":
-        return _finding("pcie_aspm", "ok", "PCIe ASPM policy is performance", evidence, "Nothing to do.")
-    if policy == "default":
-        return _finding("pcie_aspm", "warning", "PCIe ASPM is left to the firmware (policy default)", evidence,
-                        "Links may enter low-power states between expert copies. " + fix)
-    return _finding("pcie_aspm", "warning", "PCIe ASPM saves power on the GPU links (policy %s)" % policy, evidence,
-                    "Waking a link adds latency to every copy. " + fix)
+    verdict = hw.judge_aspm(_facts(raw), raw.get("profile"))
+    policy = _facts(raw).get("pcie_aspm_policy")
+    if verdict["verdict"] == "hidden":
+        return _hidden_finding("pcie_aspm", verdict, "The GPU links' ASPM")
+    if verdict["verdict"] == "unknown":
+        return _finding("pcie_aspm", "info", "The ASPM policy could not be read", verdict["observed"], verdict["fix"])
+    if verdict["verdict"] == "ok":
+        return _finding("pcie_aspm", "ok", "PCIe ASPM is off on the GPU links" if policy != "performance" else
+                        "PCIe ASPM policy is performance", verdict["observed"], "Nothing to do.")
+    if verdict.get("links"):
+        title = "ASPM is enabled on the GPU link(s): %s" % ", ".join(bdf for bdf, _states in verdict["links"])
+    elif "pcie_aspm=off" in verdict["observed"]:
+        title = "The kernel runs with pcie_aspm=off, which leaves ASPM to the firmware"
+    elif policy == "default":
+        title = "PCIe ASPM is left to the firmware (policy default)"
+    else:
+        title = "PCIe ASPM saves power on the GPU links (policy %s)" % policy
+    return _finding("pcie_aspm", "warning", title, verdict["observed"],
+                    "Waking a link adds latency to every copy. " + verdict["fix"])
 
 
 def check_governor(raw):
     cpufreq = raw.get("cpufreq") or {}
-    counts = parse_governors(cpufreq.get("stdout"))
     want = raw.get("governor") or "performance"
-    if not counts:
+    verdict = hw.judge_governor(hw.parse_governors(cpufreq.get("stdout")), want)
+    if verdict["verdict"] == "absent":
         return _finding("cpu_governor", "info", "No CPU frequency governor (no cpufreq in this kernel or VM)",
                         (cpufreq.get("stderr") or "no scaling_governor under /sys/devices/system/cpu/cpufreq").strip(),
-                        "Nothing to do here; on bare metal check `cpupower frequency-info`.")
-    evidence = ", ".join("%s: %d polic%s" % (g, n, "y" if n == 1 else "ies") for g, n in sorted(counts.items()))
-    others = sorted(g for g in counts if g != want)
-    if not others:
-        return _finding("cpu_governor", "ok", "Every CPU runs the %s governor" % want, evidence, "Nothing to do.")
-    return _finding("cpu_governor", "warning", "CPU governor %s instead of %s" % ("/".join(others), want), evidence,
-                    "Set `kernel_tuning_cpufreq_governor: %s` (kernel_tuning role) or `cpupower frequency-set -g %s`; "
-                    "BIOS: Determinism Slider = Performance." % (want, want))
+                        verdict["fix"])
+    if verdict["verdict"] == "ok":
+        return _finding("cpu_governor", "ok", "Every CPU runs the %s governor" % want, verdict["observed"],
+                        "Nothing to do.")
+    return _finding("cpu_governor", "warning", "CPU governor %s instead of %s" % ("/".join(verdict["others"]), want),
+                    verdict["observed"], verdict["fix"])
+
+
+def check_engine_isa(raw):
+    """The running engine's build ISA (its system_info line in the journal) against the CPU's flags."""
+    load, _active, _sub = _service_state(raw)
+    lines = raw.get("engine_system_info") or []
+    if load in (None, "not-found"):
+        return _finding("engine_isa", "info", "No engine to compare with the CPU (the service is not installed)",
+                        "LoadState=%s" % (load or "unknown"), "Nothing to do.")
+    log = hw.parse_llama_log("\n".join(lines) if isinstance(lines, list) else str(lines))
+    cpu = (_facts(raw).get("cpu") or {})
+    comparison = hw.compare_engine_isa(log["features"], cpu.get("flags"))
+    if not comparison["comparable"]:
+        return _finding("engine_isa", "info", "The engine's build ISA could not be compared with the CPU",
+                        comparison["reason"],
+                        "The engine prints its system_info line once at start; read `journalctl -u %s -g system_info`"
+                        " after a restart." % ((raw.get("service") or {}).get("name") or "hmk-inference.service"))
+    threads = "n_threads=%s n_threads_batch=%s of %s logical CPUs" % (
+        _known(log["n_threads"]), _known(log["n_threads_batch"]), _known(log["total_threads"]))
+    evidence = "engine uses %s; %s" % (", ".join(comparison["matched"]) or "no SIMD extension", threads)
+    if comparison["needs_missing"]:
+        return _finding("engine_isa", "critical", "The engine was built for %s, which this CPU lacks" %
+                        ", ".join(comparison["needs_missing"]), evidence,
+                        "The binary comes from another CPU class (GGML_NATIVE builds for the build host) and dies "
+                        "with SIGILL on these instructions: rebuild on this node (playbooks/engines.yml, llama_build "
+                        "role).")
+    if comparison["built_without"]:
+        return _finding("engine_isa", "warning", "The engine does not use %s, which this CPU has" %
+                        ", ".join(comparison["built_without"]), evidence,
+                        "The build is generic or from an older CPU: rebuild on this node with GGML_NATIVE=ON "
+                        "(llama_build role), and check that its build stamp names this CPU's flags.")
+    return _finding("engine_isa", "ok", "The engine uses the CPU's vector extensions", evidence, "Nothing to do.")
+
 
 
 def _gpu_node(raw):
@@ -660,10 +744,10 @@ def check_gpu_placement(raw):
         " ".join(sorted(set(d["fix"] for d in result["differences"]))))
 
 
-CHECKS = (check_service, check_engine_flags, check_engine_errors, check_nvidia_driver, check_gpu_present,
-          check_gpu_devices, check_gpu_placement,
-          check_numa_balancing, check_nps, check_memory_channels, check_smt, check_page_cache, check_gpu_links,
-          check_aspm, check_governor)
+CHECKS = (check_service, check_engine_flags, check_engine_errors, check_nvidia_driver, check_engine_isa,
+          check_platform, check_gpu_present, check_gpu_devices,
+          check_gpu_placement, check_numa_balancing, check_nps, check_memory_nodes,
+          check_memory_channels, check_smt, check_page_cache, check_gpu_links, check_aspm, check_governor)
 
 
 # ------------------------------------------------------------------------------ rank + render

@@ -35,7 +35,8 @@ KV_TYPE_BYTES = {
 MLA_ARCHS = ("deepseek2",)
 # Flags every llama-server since the kit's oldest supported commit (2025-04) parses; the flags that
 # changed between commits come from llama_build's per-version table (llama_build_engine_flags).
-LLAMA_STABLE_FLAGS = ("-m", "--port", "-b", "--api-key-file", "--alias", "-np", "-ts")
+LLAMA_STABLE_FLAGS = ("-m", "--port", "-b", "-tb", "--api-key-file", "--alias", "-np", "-ts")
+NUMA_MODES = ("distribute", "isolate", "numactl")
 
 
 def _fail(msg):
@@ -83,9 +84,10 @@ def _fa_args(accepted):
 def llama_argv(opts):
     """llama-server arguments (without the binary) for ik_llama.cpp or mainline llama.cpp.
 
-    opts: engine, accepted (table entry or flag names), model, arch, host, port, threads, ngl, ctx,
-    batch, ubatch, ctk, ctv, amb, ot (list of REGEX=BUFFER rules, first match wins), numa_nodes,
-    metrics, alias, parallel, api_key_file, extra (list).
+    opts: engine, accepted (table entry or flag names), model, arch, host, port, threads, threads_batch
+    (0: as -t), ngl, ctx, batch, ubatch, ctk, ctv, amb, ot (list of REGEX=BUFFER rules, first match wins),
+    numa_nodes, numa_mode, rtr (run-time repacking: CPU-only nodes), metrics, alias, parallel, api_key_file,
+    extra (list).
     """
     engine = opts.get("engine", "ik_llama.cpp")
     if engine not in ("ik_llama.cpp", "llama.cpp"):
@@ -103,6 +105,8 @@ def llama_argv(opts):
     argv = [need("-m"), str(opts["model"])]
     argv += [need("--host"), str(opts.get("host", "127.0.0.1")), need("--port"), str(opts.get("port", 8080))]
     argv += [need("-t"), str(int(opts["threads"]))]
+    if int(opts.get("threads_batch") or 0) > 0 and int(opts["threads_batch"]) != int(opts["threads"]):
+        argv += [need("-tb"), str(int(opts["threads_batch"]))]
     argv += [need("-ngl"), str(int(opts.get("ngl", 99)))]
     argv += [need("-c"), str(int(opts.get("ctx", 32768)))]
     argv += [need("-b"), str(int(opts.get("batch", 2048)))]
@@ -121,7 +125,12 @@ def llama_argv(opts):
     if opts.get("ts"):
         argv += [need("-ts"), ",".join("%g" % float(v) for v in opts["ts"])]
     if int(opts.get("numa_nodes") or 1) > 1:
-        argv += [need("--numa"), "distribute"]
+        mode = str(opts.get("numa_mode") or "distribute")
+        if mode not in NUMA_MODES:
+            _fail("the NUMA mode is one of %s, not %r" % (", ".join(NUMA_MODES), mode))
+        argv += [need("--numa"), mode]
+    if opts.get("rtr"):
+        argv.append(need("-rtr"))
     if opts.get("metrics", True):
         argv.append(need("--metrics"))
     if opts.get("alias"):
@@ -143,27 +152,51 @@ def llama_argv(opts):
 
 
 def kt_argv(opts):
-    """KTransformers 0.2.x server arguments (after `python -m ktransformers.server.main`).
+    """sglang-kt arguments (after `python -m sglang.launch_server`) for KTransformers 0.7.x.
 
-    opts: model_path, gguf_path, host, port, cpu_infer, cache_lens, max_new_tokens, backend_type,
-    optimize_config_path, accepted (ktransformers_build_server_flags), extra.
+    Every flag is one sglang-kt's parser has at the pin (python/sglang/srt/server_args.py of kvcache-ai/sglang),
+    and the build's `--help` must list them (ktransformers_build_server_flags, checked on the node).
+    opts: model_path (HF folder: config, tokenizer, GPU weights), weight_path (--kt-weight-path), method,
+    cpuinfer (physical cores), threadpool_count (NUMA nodes), num_gpu_experts, attention_backend, host, port,
+    tensor_parallel_size, served_model_name, context_length, mem_fraction_static, max_deferred_experts_per_token,
+    metrics, accepted (flag list), extra.
     """
-    for key in ("model_path", "gguf_path"):
+    for key, flag in (("model_path", "--model-path"), ("weight_path", "--kt-weight-path"), ("method", "--kt-method")):
         if not opts.get(key):
-            _fail("KTransformers needs --%s (without --gguf_path it waits on input() and hangs under systemd)" % key)
-    argv = ["--model_path", str(opts["model_path"]), "--gguf_path", str(opts["gguf_path"]),
-            "--host", str(opts.get("host", "127.0.0.1")), "--port", str(opts.get("port", 10002)),
-            "--cpu_infer", str(int(opts["cpu_infer"])), "--cache_lens", str(int(opts.get("cache_lens", 32768))),
-            "--max_new_tokens", str(int(opts.get("max_new_tokens", 4096))),
-            "--backend_type", str(opts.get("backend_type", "balance_serve"))]
-    if opts.get("optimize_config_path"):
-        argv += ["--optimize_config_path", str(opts["optimize_config_path"])]
+            _fail("sglang-kt needs %s: without --kt-weight-path kt-kernel stays off and the GPU runs out of memory "
+                  "loading every expert" % flag)
+    for key in ("cpuinfer", "threadpool_count"):
+        if int(opts.get(key) or 0) <= 0:
+            _fail("sglang-kt needs --kt-%s > 0 (physical cores, NUMA nodes)" % key.replace("_", "-"))
+    argv = ["--model-path", str(opts["model_path"]), "--kt-weight-path", str(opts["weight_path"]),
+            "--kt-method", str(opts["method"]).upper(), "--kt-cpuinfer", str(int(opts["cpuinfer"])),
+            "--kt-threadpool-count", str(int(opts["threadpool_count"])),
+            "--kt-num-gpu-experts", str(int(opts.get("num_gpu_experts") or 0)),
+            "--attention-backend", str(opts.get("attention_backend") or "flashinfer"),
+            "--trust-remote-code", "--host", str(opts.get("host", "127.0.0.1")), "--port", str(int(opts.get("port", 30000)))]
+    if int(opts.get("tensor_parallel_size") or 1) > 1:
+        argv += ["--tensor-parallel-size", str(int(opts["tensor_parallel_size"]))]
+    if opts.get("max_deferred_experts_per_token") not in (None, ""):
+        argv += ["--kt-max-deferred-experts-per-token", str(int(opts["max_deferred_experts_per_token"]))]
+    if int(opts.get("context_length") or 0) > 0:
+        argv += ["--context-length", str(int(opts["context_length"]))]
+    if opts.get("mem_fraction_static"):
+        argv += ["--mem-fraction-static", str(float(opts["mem_fraction_static"]))]
+    if opts.get("served_model_name"):
+        argv += ["--served-model-name", str(opts["served_model_name"])]
+    if opts.get("metrics", True):
+        argv.append("--enable-metrics")
     accepted = opts.get("accepted")
     if accepted:
         unknown = [a for a in argv if a.startswith("--") and a not in accepted]
         if unknown:
-            _fail("the KTransformers build does not list %s (ktransformers_build_server_flags)" % ", ".join(unknown))
-    return argv + [str(a) for a in opts.get("extra") or []]
+            _fail("the sglang-kt build does not list %s (ktransformers_build_server_flags)" % ", ".join(unknown))
+    extra = [str(a) for a in opts.get("extra") or []]
+    for forbidden in ("--api-key", "--admin-api-key"):
+        if forbidden in extra:
+            _fail("%s is refused in the extra arguments: sglang-kt logs its whole ServerArgs, keys included, at "
+                  "start-up; keep the service on loopback behind the gateway" % forbidden)
+    return argv + extra
 
 
 # ------------------------------------------------------------------------------ systemd-safe rendering
@@ -576,6 +609,11 @@ def ready_timeout(model_bytes, base=60, per_gb=2):
     return int(base + per_gb * ((int(model_bytes) + GB - 1) // GB))
 
 
+def file_entry(found):
+    """One model file as the state record keeps it (path, size, mtime), from an ansible.builtin.find result, as JSON."""
+    return json.dumps({"path": found["path"], "size": int(found["size"]), "mtime": int(found["mtime"])}, sort_keys=True)
+
+
 def config_hash(value):
     """A short stable hash of the service's configuration (anything JSON-serialisable)."""
     blob = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
@@ -604,4 +642,5 @@ class FilterModule(object):
             "inference_service_threads": physical_cores,
             "inference_service_ready_timeout": ready_timeout,
             "inference_service_config_hash": config_hash,
+            "inference_service_file_entry": file_entry,
         }

@@ -1,9 +1,12 @@
 # -*- coding: utf-8 -*-
-"""Build knowledge of the ktransformers_build role: guardrails and the rendered build plan.
+"""Build knowledge of the ktransformers_build role (KTransformers 0.7.x: kt-kernel + sglang-kt).
 
-KTransformers 0.2.x cannot be built without a CUDA torch and a GPU, so the role's decisions are
-plain functions that tests/unit/test_engine_build.py checks: which combinations are refused before
-anything is built, and the exact environment and commands of the build.
+What the role decides lives here, as plain functions with unit tests (tests/unit/test_ktransformers.py):
+the guardrails that refuse a request before anything is installed, kt-kernel's build environment per CPU
+class (checked against kt-kernel/setup.py at the pin: CPUINFER_CPU_INSTRUCT, CPUINFER_ENABLE_AMX,
+CPUINFER_USE_CUDA, CPUINFER_CUDA_ARCHS, CPUINFER_PARALLEL, CPUINFER_BUILD_TYPE, CMAKE_ARGS), the commands
+of one build, its key, and the reading of the post-build proof. CPU flags, CUDA architectures, the pin
+check and pruning are llama_build's filters (hmk.moe_kit.llama_build_*), called from the role, not copied.
 """
 from __future__ import absolute_import, division, print_function
 
@@ -19,185 +22,342 @@ except ImportError:  # imported without Ansible (unit tests in a bare interprete
     AnsibleFilterError = ValueError
 
 FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
-TAG = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(?:[.\-]?(post|rc|a|b)(\d*))?$")
-CPU_INSTRUCTS = ("NATIVE", "FANCY", "AVX512", "AVX2")
-# Model architectures each release line can serve (0.2.x: DeepSeek family only).
-QWEN3_MOE = ("qwen3_moe", "qwen3moe", "qwen3-moe")
+CPU_INSTRUCTS = ("NATIVE", "AVX512", "AVX2", "FANCY")
+AMX_FLAGS = ("amx_tile", "amx_int8", "amx_bf16")
+AVX512_BASE = ("avx512f", "avx512bw")
+# --kt-method values of sglang-kt at the pin (kt_kernel/experts.py INFERENCE_METHODS) and what each needs
+# from the CPU. AMXINT4/AMXINT8 kernels exist only in AVX-512/AMX builds (USE_AMX_AVX_KERNEL); FP8, BF16,
+# RAWINT4 and LLAMAFILE have AVX2 paths (AVX2FP8_MOE, AVX2BF16_MOE, AVX2RawInt4_MOE, llamafile).
+KT_METHODS = {
+    "AMXINT4": "avx512", "AMXINT8": "avx512", "FP8_PERCHANNEL": "avx512",
+    "FP8": "avx2", "BF16": "avx2", "RAWINT4": "avx2", "LLAMAFILE": "avx2",
+    "GPTQ_INT4": "avx2", "MXFP4": "avx2", "MXFP8": "avx2", "MOE_INT4": "avx2", "MOE_INT8": "avx2",
+}
+# Weight formats per method: safetensors folders (native FP8/BF16, converted AMX INT4/INT8) or GGUF.
+GGUF_METHODS = ("LLAMAFILE",)
+CONVERTED_METHODS = ("AMXINT4", "AMXINT8")
+# sglang-kt's FlashAttention-3 backend ships kernels for these compute capabilities only.
+FA3_ARCHS = ("80", "86", "90")
+# Model architectures by the names the three sources use: GGUF general.architecture, HF config.json
+# model_type, and the catalog's gguf.architecture. KTransformers serves these families.
+ARCH_FAMILY = {
+    "deepseek2": "deepseek", "deepseek_v2": "deepseek", "deepseek_v3": "deepseek", "deepseek3": "deepseek",
+    "qwen3moe": "qwen3moe", "qwen3_moe": "qwen3moe",
+}
+GB = 1000 ** 3
 
 
 def _fail(msg):
     raise AnsibleFilterError(msg)
 
 
-def tag_version(tag):
-    """'v0.2.4post1' -> (0, 2, 4); None when the version is not a release tag."""
-    match = TAG.match(str(tag or "").strip())
-    if not match:
-        return None
-    return tuple(int(match.group(i)) for i in (1, 2, 3))
-
-
 def _flags(value):
-    if isinstance(value, (list, tuple)):
-        return {str(v).lower() for v in value}
+    if isinstance(value, (list, tuple, set)):
+        return {str(v).strip().lower() for v in value if str(v).strip()}
     text = str(value or "")
-    if ":" in text:
-        text = text.split(":", 1)[1]
-    return {w.lower() for w in text.split()}
+    out = set()
+    for line in text.splitlines() or [text]:
+        if ":" in line:
+            key, _, rest = line.partition(":")
+            if key.strip() not in ("flags", "Features"):
+                continue
+            line = rest
+        out.update(w.lower() for w in line.split())
+    return out
+
+
+def has_amx(flags):
+    """All three AMX flags, as kt-kernel's cmake/DetectCPU.cmake requires them."""
+    return set(AMX_FLAGS) <= _flags(flags)
+
+
+def cpu_isa(flags):
+    """avx512 (avx512f+avx512bw, Zen 4 and Sapphire Rapids), avx2 (Zen 2/3) or generic."""
+    flags = _flags(flags)
+    if set(AVX512_BASE) <= flags:
+        return "avx512"
+    if "avx2" in flags:
+        return "avx2"
+    return "generic"
 
 
 def cpu_instruct(flags, override="auto"):
-    """CPU_INSTRUCT for KTransformers' cmake: FANCY on AVX-512 with VNNI+VBMI+BF16 (Zen 4),
-    AVX512 on plain AVX-512, AVX2 on Zen 2/3, NATIVE otherwise."""
-    if override and override != "auto":
-        if override not in CPU_INSTRUCTS:
-            _fail("CPU_INSTRUCT must be one of %s or auto, not %r" % (", ".join(CPU_INSTRUCTS), override))
-        return override
-    flags = _flags(flags)
-    if {"avx512f", "avx512bw", "avx512vl"} <= flags:
-        if {"avx512_vnni", "avx512vbmi", "avx512_bf16"} <= flags:
-            return "FANCY"
-        return "AVX512"
-    if "avx2" in flags:
-        return "AVX2"
-    return "NATIVE"
+    """CPUINFER_CPU_INSTRUCT: NATIVE on AVX-512 CPUs (built on the node, -march=native), AVX2 on AVX2-only
+    CPUs (the portable set, free of AVX-512 since upstream 517e7a43). An override is checked against the CPU."""
+    isa = cpu_isa(flags)
+    if isa == "generic":
+        _fail("this CPU has neither AVX-512 nor AVX2; kt-kernel needs AVX2 at least")
+    if override in (None, "", "auto"):
+        return "NATIVE" if isa == "avx512" else "AVX2"
+    override = str(override).upper()
+    if override not in CPU_INSTRUCTS:
+        _fail("CPUINFER_CPU_INSTRUCT must be one of %s or auto, not %r" % (", ".join(CPU_INSTRUCTS), override))
+    if override in ("AVX512", "FANCY") and isa != "avx512":
+        _fail("CPUINFER_CPU_INSTRUCT=%s on a CPU without AVX-512 (avx512f, avx512bw) builds a module that dies "
+              "with SIGILL; use AVX2 (or auto)" % override)
+    return override
 
 
-def _archs(profile):
-    gpus = (profile or {}).get("gpus") or {}
-    if int(gpus.get("count") or 0) <= 0:
-        return []
-    arch = gpus.get("arch")
-    if arch in (None, "", []):
-        arch = {"RTX 4090": "89", "RTX 5090": "120", "H100": "90", "H200": "90"}.get(gpus.get("model"), "")
-    items = arch if isinstance(arch, (list, tuple)) else re.split(r"[;,\s]+", str(arch))
-    return sorted({re.sub(r"^sm_", "", str(a).strip().lower()) for a in items if str(a).strip()},
-                  key=lambda a: int(re.match(r"\d+", a).group(0)) if re.match(r"\d+", a) else 0)
+def enable_amx(flags, override="auto"):
+    """CPUINFER_ENABLE_AMX: ON only where the CPU has amx_tile, amx_int8 and amx_bf16, always explicit
+    (unset, kt-kernel's setup.py enables it from the build host's flags)."""
+    amx = has_amx(flags)
+    if override in (None, "", "auto"):
+        return "ON" if amx else "OFF"
+    value = "ON" if str(override).lower() in ("on", "true", "1", "yes") else "OFF"
+    if value == "ON" and not amx:
+        _fail("CPUINFER_ENABLE_AMX=ON on a CPU without %s" % ", ".join(AMX_FLAGS))
+    return value
 
 
-def _cuda_tuple(version):
-    match = re.search(r"(\d+)\.(\d+)", str(version or ""))
+def cuda_series_home(version, root="/usr/local"):
+    """The toolkit by series: /usr/local/cuda-X.Y (never the floating /usr/local/cuda)."""
+    match = re.match(r"^(\d+)\.(\d+)", str(version or ""))
+    if not match:
+        _fail("the CUDA toolkit series must be X.Y (e.g. 12.8), not %r" % (version,))
+    return "%s/cuda-%s.%s" % (str(root).rstrip("/"), match.group(1), match.group(2))
+
+
+def _version_tuple(text):
+    match = re.search(r"(\d+)\.(\d+)", str(text or ""))
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
-def guardrails(request):
-    """Reasons the requested build must not start (empty list: go).
+def _archs(value):
+    if isinstance(value, (list, tuple)):
+        items = value
+    else:
+        items = re.split(r"[;,\s]+", str(value or ""))
+    return [re.sub(r"^sm_", "", str(a).strip().lower()) for a in items if str(a).strip()]
 
-    request: version (tag), commit, allow_unpinned, profile (hmk_hardware), model_arch,
-    cuda_version ("" when no toolkit), cuda_home.
+
+def arch_family(arch):
+    """deepseek / qwen3moe for the names GGUF, config.json and the catalog use; '' when unknown."""
+    return ARCH_FAMILY.get(str(arch or "").strip().lower(), "")
+
+
+def pyproject_pin(text, package):
+    """The exact pin (==X) of `package` in a pyproject.toml's dependencies, '' when it has none."""
+    match = re.search(r"""["']%s\s*==\s*([0-9][^"';,\s]*)["']""" % re.escape(package), str(text or ""))
+    return match.group(1) if match else ""
+
+
+def version_py(text):
+    """__version__ of KTransformers' version.py."""
+    match = re.search(r"""__version__\s*=\s*["']([^"']+)["']""", str(text or ""))
+    if not match:
+        _fail("version.py at the pin has no __version__")
+    return match.group(1)
+
+
+def kt_package_pins(packages):
+    """{package: version} of the kt packages (kt-kernel, sglang-kt, ktransformers) pinned with == in a pip list."""
+    pins = {}
+    for item in packages or []:
+        match = re.match(r"^\s*(kt-kernel|kt_kernel|sglang-kt|sglang_kt|ktransformers)\s*==\s*([^\s;,]+)", str(item))
+        if match:
+            pins[match.group(1).replace("_", "-")] = match.group(2)
+    return pins
+
+
+def version_problems(versions, kt_version):
+    """Every kt package at the pin's version (version.py): what differs, as refusal reasons."""
+    kt_version = str(kt_version or "")
+    odd = sorted("%s %s" % (k, v) for k, v in (versions or {}).items() if v and kt_version and str(v) != kt_version)
+    if not odd:
+        return []
+    return ["every kt package must be at the pin's version %s (version.py); requested %s" % (kt_version, ", ".join(odd))]
+
+
+def ram_needed_bytes(request):
+    """Bytes of DRAM kt-kernel holds for the CPU experts: the weight files at --kt-weight-path (safetensors
+    or GGUF, as measured on the node) plus 10% for its buffers. DeepSeek-R1's FP8 folder (~690 GB) comes to
+    ~760 GB this way, its AMXINT4 conversion (~330 GB) to ~360 GB."""
+    return int(int(request.get("weight_bytes") or 0) * 1.1)
+
+
+def guardrails(request):
+    """Reasons the requested build and service must not go ahead (empty list: go).
+
+    request keys: commit, allow_unpinned, cpu_flags, cpu_instruct, enable_amx, method, threads,
+    physical_cores, threadpool_count, numa_nodes, weight_path, weight_kind (safetensors | gguf | missing |
+    empty), weight_bytes, model_arch (config.json model_type or GGUF general.architecture), model_arch_gguf, mem_total_bytes,
+    gpu_archs (list), gpu_count, cuda_version (nvcc's X.Y, '' without a toolkit), attention_backend,
+    serve (bool: sglang-kt is installed and served), build (false: the service's check, no toolkit needed),
+    kt_version (version.py at the pin),
+    package_versions ({package: version} requested), tensor_parallel_size.
     """
     reasons = []
-    version = str(request.get("version") or "")
-    ver = tag_version(version)
-    commit = str(request.get("commit") or "")
-    if not request.get("allow_unpinned"):
-        if ver is None:
-            reasons.append("ktransformers_build_version=%r is not a release tag (vX.Y.Z[postN]); set "
-                           "ktransformers_build_allow_unpinned: true to build a branch or commit" % version)
-        if not FULL_SHA.match(commit):
-            reasons.append("ktransformers_build_commit=%r is not the full 40-character SHA the tag %s must "
-                           "resolve to (a moved tag would otherwise go unnoticed)" % (commit, version))
-    if ver is not None and ver < (0, 2, 4):
-        reasons.append("KTransformers %s is older than v0.2.4post1, the oldest release the kit supports "
-                       "(v0.2.4's install.sh needs USE_BALANCE_SERVE=1 and only post1 fixes it)" % version)
-    model = str(request.get("model_arch") or "").lower()
-    if model in QWEN3_MOE and ver is not None and ver < (0, 3, 0):
-        reasons.append("Qwen3-MoE models need KTransformers v0.3 or newer; %s serves DeepSeek-V2/V3/R1 only. "
-                       "Use a newer tag or serve this model with ik_llama.cpp" % version)
-    archs = _archs(request.get("profile"))
-    if not archs:
-        reasons.append("KTransformers needs an NVIDIA GPU and a CUDA build of torch, and the hardware profile "
-                       "declares none (hmk_hardware.gpus.count is 0); serve with ik_llama.cpp instead")
-    if "120" in archs and ver is not None and ver < (0, 3, 0):
-        reasons.append("RTX 5090 / sm_120 (Blackwell) does not work with KTransformers %s (0.2.x: torch/CUDA "
-                       "12.8 and ABI issues); use v0.3.2 or newer, or ik_llama.cpp" % version)
-    cuda = _cuda_tuple(request.get("cuda_version"))
-    if cuda is None:
-        reasons.append("no CUDA toolkit at %s (bin/nvcc does not run); KTransformers compiles CUDA "
-                       "kernels: install the toolkit first (nvidia_driver role)" % (request.get("cuda_home") or "?"))
-    elif "120" in archs and cuda < (12, 8):
-        reasons.append("sm_120 needs CUDA >= 12.8, the node has %d.%d" % cuda)
+    commit = str(request.get("commit") or "").lower()
+    if not request.get("allow_unpinned") and not FULL_SHA.match(commit):
+        reasons.append("ktransformers_build_version=%r is not a full 40-character commit SHA: KTransformers' tags and "
+                       "branches move; pin the commit (or set ktransformers_build_allow_unpinned: true)" % commit)
+    flags = request.get("cpu_flags")
+    isa = cpu_isa(flags)
+    try:
+        cpu_instruct(flags, request.get("cpu_instruct", "auto"))
+        enable_amx(flags, request.get("enable_amx", "auto"))
+    except AnsibleFilterError as exc:
+        reasons.append(str(exc))
+    method = str(request.get("method") or "").upper()
+    if method not in KT_METHODS:
+        reasons.append("--kt-method %r is not one sglang-kt knows at the pin (%s)" % (method, ", ".join(sorted(KT_METHODS))))
+    elif KT_METHODS[method] == "avx512" and isa != "avx512":
+        reasons.append("--kt-method %s needs kt-kernel's AVX-512/AMX kernels, which an %s CPU (e.g. EPYC Milan, Zen 3) "
+                       "cannot run; use FP8 or BF16 safetensors, or LLAMAFILE with GGUF weights" % (method, isa.upper()))
+    threads, cores = int(request.get("threads") or 0), int(request.get("physical_cores") or 0)
+    if cores > 0 and threads != cores:
+        reasons.append("--kt-cpuinfer %d is not the node's %d physical cores: SMT siblings cut decode about 10x and "
+                       "fewer threads leave bandwidth unused" % (threads, cores))
+    pools, nodes = int(request.get("threadpool_count") or 0), int(request.get("numa_nodes") or 0)
+    if nodes > 0 and pools != nodes:
+        reasons.append("--kt-threadpool-count %d is not the node's %d NUMA node(s): one thread pool per NUMA node "
+                       "(convert_cpu_weights.py must use the same count)" % (pools, nodes))
+    kind = request.get("weight_kind") or "missing"
+    path = request.get("weight_path") or ""
+    if not path or kind == "missing":
+        reasons.append("--kt-weight-path %r does not exist: without it kt-kernel stays off silently and the GPU runs "
+                       "out of memory loading every expert; sync the weights first (model_sync)" % path)
+    elif kind == "empty":
+        reasons.append("--kt-weight-path %s holds neither .safetensors nor .gguf files" % path)
+    elif method in GGUF_METHODS and kind != "gguf":
+        reasons.append("--kt-method %s reads GGUF files, and %s holds %s" % (method, path, kind))
+    elif method in KT_METHODS and method not in GGUF_METHODS and kind != "safetensors":
+        reasons.append("--kt-method %s reads safetensors (%s), and %s holds %s" % (
+            method, "converted by convert_cpu_weights.py" if method in CONVERTED_METHODS else "the model's own folder",
+            path, kind))
+    family = arch_family(request.get("model_arch"))
+    if not family:
+        reasons.append("the served model's architecture %r (config.json model_type or GGUF header) is not one the "
+                       "kit serves with KTransformers (DeepSeek-V3/R1, Qwen3-MoE)" % (request.get("model_arch"),))
+    gguf_family = arch_family(request.get("model_arch_gguf"))
+    if request.get("model_arch_gguf") and family and gguf_family != family:
+        reasons.append("the model's config.json says %s and its GGUF weights say %s: --model and --kt-weight-path are "
+                       "different models" % (request.get("model_arch"), request.get("model_arch_gguf")))
+    need, have = ram_needed_bytes(request), int(request.get("mem_total_bytes") or 0)
+    if need and have and need > have:
+        reasons.append("%s experts of this %s model need about %d GB of RAM and the node has %d GB; use a smaller format "
+                       "(AMXINT4 on AVX-512, LLAMAFILE GGUF on AVX2) or a node with more memory"
+                       % (method, family or "model", need // GB, have // GB))
+    archs = _archs(request.get("gpu_archs"))
+    serve = bool(request.get("serve", True))
+    if serve and int(request.get("gpu_count") or 0) <= 0:
+        reasons.append("sglang-kt serves attention and the KV cache on a GPU and the hardware profile declares none; "
+                       "build kt-kernel alone (ktransformers_build_serve: false) or serve with ik_llama.cpp")
+    cuda = _version_tuple(request.get("cuda_version"))
+    build = bool(request.get("build", True))
+    if build and archs and cuda is None:
+        reasons.append("no CUDA toolkit (nvcc) at %s: kt-kernel's CUDA path (CPUINFER_USE_CUDA=1) compiles with it"
+                       % (request.get("cuda_home") or "/usr/local/cuda-X.Y"))
+    if build and "120" in archs and cuda is not None and cuda < (12, 8):
+        reasons.append("sm_120 (RTX 5090, Blackwell) needs CUDA >= 12.8 and torch's cu128 wheels; the toolkit is %d.%d" % cuda)
+    backend = str(request.get("attention_backend") or "")
+    if backend == "fa3":
+        foreign = [a for a in archs if a not in FA3_ARCHS]
+        if foreign:
+            reasons.append("--attention-backend fa3: FlashAttention-3 kernels exist for sm_80/86/90 only, not sm_%s; "
+                           "use flashinfer or triton" % ", sm_".join(foreign))
+    tp = int(request.get("tensor_parallel_size") or 1)
+    if serve and tp > max(int(request.get("gpu_count") or 0), 1):
+        reasons.append("--tensor-parallel-size %d exceeds the %s GPU(s) the profile declares" % (tp, request.get("gpu_count")))
+    reasons += version_problems(request.get("package_versions"), request.get("kt_version"))
     return reasons
 
 
-def torch_for_cuda(cuda_version, table):
-    """The torch wheel (version + index URL) matching the toolkit: the newest table row with
-    cuda <= the node's toolkit and the same major version."""
-    cuda = _cuda_tuple(cuda_version)
-    if cuda is None:
-        _fail("no CUDA toolkit version to match torch against")
-    best = None
-    for row in table or []:
-        row_cuda = _cuda_tuple(row.get("cuda"))
-        if row_cuda and row_cuda[0] == cuda[0] and row_cuda <= cuda and (best is None or row_cuda > best[0]):
-            best = (row_cuda, row)
-    if best is None:
-        _fail("no torch build in ktransformers_build_torch_table matches CUDA %d.%d" % cuda)
-    return best[1]
+def build_env(request):
+    """kt-kernel's build environment (every name read by kt-kernel/setup.py at the pin).
+
+    request: cpu_flags, cpu_instruct, enable_amx, gpu_archs, cuda_home, jobs, kt_version, ccache (bool).
+    """
+    archs = _archs(request.get("gpu_archs"))
+    env = {
+        "CPUINFER_CPU_INSTRUCT": cpu_instruct(request.get("cpu_flags"), request.get("cpu_instruct", "auto")),
+        "CPUINFER_ENABLE_AMX": enable_amx(request.get("cpu_flags"), request.get("enable_amx", "auto")),
+        "CPUINFER_BUILD_TYPE": "Release",
+        "CPUINFER_PARALLEL": str(max(int(request.get("jobs") or 1), 1)),
+        # Without CUDA, setup.py probes CUDA_HOME, PATH and /usr/local/cuda: a GPU-less build says so itself.
+        "CPUINFER_USE_CUDA": "1" if archs else "0",
+        "SGLANG_KT_VERSION": str(request.get("kt_version") or ""),
+    }
+    if archs:
+        home = str(request.get("cuda_home") or "")
+        env.update({"CUDA_HOME": home, "CPUINFER_CUDA_ARCHS": ";".join(archs)})
+    if request.get("ccache", True):
+        launchers = ["-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"]
+        if archs:
+            launchers.append("-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache")
+        env["CMAKE_ARGS"] = " ".join(launchers)
+    return env
 
 
 def build_plan(request):
-    """Environment and commands of one KTransformers source build.
+    """Environment and commands of one build into <root>/staging/<key>/venv (moved to builds/<key> after).
 
-    request: root, key, cuda_home, cuda_version, profile, cpu_flags, cpu_instruct, use_numa, jobs,
-    torch_table, python, extra_env.
+    request: root, key, src (checkout), python, env (build_env), torch_spec, pip_args (index options),
+    packages (runtime dependencies installed first), serve (bool: install sglang-kt from the checkout),
+    toolkit (nvcc's version, '' without CUDA: part of the key, so a new toolkit builds anew).
     """
-    profile = request.get("profile") or {}
-    cpu = profile.get("cpu") or {}
-    numa_nodes = int(cpu.get("sockets") or 1) * int(cpu.get("numa_nodes_per_socket") or 1)
     root = str(request["root"]).rstrip("/")
-    build_dir = "%s/builds/%s" % (root, request["key"])
-    venv = build_dir + "/venv"
-    cuda_home = str(request.get("cuda_home") or "/usr/local/cuda")
-    torch = torch_for_cuda(request.get("cuda_version"), request.get("torch_table"))
-    archs = _archs(profile)
-    env = {
-        "CPU_INSTRUCT": cpu_instruct(request.get("cpu_flags"), request.get("cpu_instruct", "auto")),
-        "USE_BALANCE_SERVE": "1",
-        "KTRANSFORMERS_FORCE_BUILD": "TRUE",
-        "CUDA_HOME": cuda_home,
-        "CUDA_PATH": cuda_home,
-        "TORCH_CUDA_ARCH_LIST": ";".join("%d.%d" % (int(a[:-1]), int(a[-1])) for a in
-                                         (re.match(r"\d+", x).group(0) for x in archs)),
-        "MAX_JOBS": str(int(request.get("jobs") or 1)),
-        "VIRTUAL_ENV": venv,
-        "PATH": "%s/bin:%s/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" % (venv, cuda_home),
-    }
-    # USE_NUMA is on whenever it is defined (even =0) and then copies the experts onto every NUMA node:
-    # it is set only on multi-node boxes that ask for it, and otherwise left out entirely.
-    if request.get("use_numa") and numa_nodes > 1:
-        env["USE_NUMA"] = "1"
-    for key, value in (request.get("extra_env") or {}).items():
-        if key == "USE_NUMA":
-            _fail("set USE_NUMA through ktransformers_build_use_numa, not the extra environment")
-        env[str(key)] = str(value)
-    python = str(request.get("python") or "python3")
-    pip = venv + "/bin/pip"
+    venv = "%s/builds/%s/venv" % (root, request["key"])
+    src = str(request.get("src") or root + "/src")
+    pip = [venv + "/bin/python", "-m", "pip", "install", "--no-input"] + [str(a) for a in request.get("pip_args") or []]
+    # kt-kernel compiles first (its cmake needs no torch), so a commit that does not compile fails in seconds
+    # after the cache hits, before gigabytes of wheels are installed. The build tools come from the venv
+    # (--no-build-isolation): pybind11 and llama.cpp are vendored.
     commands = [
-        [python, "-m", "venv", venv],
-        [pip, "install", "--upgrade", "pip", "setuptools", "wheel", "packaging", "ninja", "cpufeature", "numpy"],
-        [pip, "install", "torch==%s" % torch["torch"], "--index-url", torch["index_url"]],
-        ["git", "-C", root + "/src", "submodule", "update", "--init", "--recursive"],
-        ["bash", "install.sh"],
+        [str(request.get("python") or "python3"), "-m", "venv", venv],
+        pip + [str(p) for p in request.get("packages") or []],
+        pip + ["--no-build-isolation", "--no-deps", src + "/kt-kernel"],
+        pip + [str(request["torch_spec"])] + [str(a) for a in request.get("torch_args") or []],
     ]
-    return {"build_dir": build_dir, "venv": venv, "env": env, "commands": commands, "torch": torch,
-            "chdir": root + "/src"}
+    if request.get("serve"):
+        # Upstream's install.sh installs its SGLang fork from the submodule, versioned by SGLANG_KT_VERSION.
+        commands.append(pip + [src + "/third_party/sglang/python"])
+    return {"venv": venv, "env": dict(request.get("env") or {}), "commands": commands, "chdir": src + "/kt-kernel",
+            "toolkit": str(request.get("toolkit") or "")}
 
 
-def plan_hash(plan):
-    """8 hex digits over the environment and commands, with the build directory (which is named
-    after this hash) replaced by a placeholder."""
-    blob = json.dumps({"env": plan["env"], "commands": plan["commands"]}, sort_keys=True)
-    blob = blob.replace(plan["build_dir"], "<build>")
+def plan_hash(plan, root):
+    """8 hex digits over the build's environment, commands and nvcc's version, the build's own directory abstracted."""
+    blob = json.dumps({"env": plan["env"], "commands": plan["commands"], "toolkit": plan.get("toolkit", "")},
+                      sort_keys=True)
+    blob = re.sub(re.escape(str(root).rstrip("/")) + r"/builds/[^/\"]+", "<build>", blob)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:8]
 
 
-def build_key(commit, plan):
-    """builds/<commit12>-<planhash8>."""
+def build_key(commit, plan, root):
+    """<commit12>-<planhash8>: one directory per commit and configuration, like llama_build."""
     commit = str(commit or "").lower()
     if not FULL_SHA.match(commit):
         _fail("build key needs the full 40-character commit SHA, got %r" % commit)
-    return "%s-%s" % (commit[:12], plan_hash(plan))
+    return "%s-%s" % (commit[:12], plan_hash(plan, root))
+
+
+def proof_problems(proof, expect):
+    """What the post-build import check says is wrong (empty: the build is good).
+
+    proof: the JSON the check prints (variant, cuda, versions {package: version}, error).
+    expect: kt_version, cpu_instruct, cuda (bool), serve (bool).
+    """
+    problems = []
+    if proof.get("error"):
+        return ["import kt_kernel failed: %s" % proof["error"]]
+    versions = proof.get("versions") or {}
+    kt_version = str(expect.get("kt_version") or "")
+    wanted = ["kt-kernel"] + (["sglang-kt"] if expect.get("serve") else [])
+    for package in wanted:
+        if package not in versions:
+            problems.append("%s is not installed in the build's venv" % package)
+    for package, version in sorted(versions.items()):
+        if kt_version and version != kt_version:
+            problems.append("%s is %s, not the pin's %s (all kt packages at one version)" % (package, version, kt_version))
+    variant = str(proof.get("variant") or "")
+    if expect.get("cpu_instruct") == "AVX2" and variant != "avx2":
+        problems.append("the module reports CPU variant %r, not avx2: the AVX2 build carries AVX-512 code" % variant)
+    if bool(expect.get("cuda")) != bool(proof.get("cuda")):
+        problems.append("the module %s the CUDA stream bridge (submit_with_cuda_stream), the build %s CUDA"
+                        % ("has" if proof.get("cuda") else "lacks", "asked for" if expect.get("cuda") else "did not ask for"))
+    return problems
 
 
 class FilterModule(object):
@@ -205,11 +365,19 @@ class FilterModule(object):
 
     def filters(self):
         return {
-            "ktransformers_build_tag_version": tag_version,
+            "ktransformers_build_cpu_isa": cpu_isa,
             "ktransformers_build_cpu_instruct": cpu_instruct,
+            "ktransformers_build_enable_amx": enable_amx,
+            "ktransformers_build_cuda_series_home": cuda_series_home,
+            "ktransformers_build_arch_family": arch_family,
+            "ktransformers_build_pyproject_pin": pyproject_pin,
+            "ktransformers_build_version_py": version_py,
+            "ktransformers_build_ram_needed": ram_needed_bytes,
+            "ktransformers_build_kt_package_pins": kt_package_pins,
+            "ktransformers_build_version_problems": version_problems,
             "ktransformers_build_guardrails": guardrails,
-            "ktransformers_build_torch_for_cuda": torch_for_cuda,
+            "ktransformers_build_env": build_env,
             "ktransformers_build_plan": build_plan,
-            "ktransformers_build_plan_hash": plan_hash,
             "ktransformers_build_key": build_key,
+            "ktransformers_build_proof_problems": proof_problems,
         }

@@ -7,7 +7,8 @@ per-layer expert bytes of the deployed GGUF), the roofline ceilings and the effi
 the llama-bench command mapped from the service's own arguments, the energy of the generation run (RAPL
 wraparound, GPU board power) and the report (JSON and Markdown). Every number in the report is either
 measured, derived from measured numbers, or an explicit {"available": false, "reason": ...}.
-tests/unit/test_validate.py imports this file directly.
+tests/unit/test_validate.py imports this file directly. Hardware output (nvidia-smi's power samples) and the
+bandwidth formula come from the kit's one hardware package, module_utils/hmk_hardware.py.
 """
 from __future__ import absolute_import, division, print_function
 
@@ -15,6 +16,8 @@ __metaclass__ = type
 
 import json
 import re
+
+from ansible_collections.hmk.moe_kit.plugins.module_utils import hmk_hardware as hw
 
 try:
     from ansible.errors import AnsibleFilterError
@@ -52,8 +55,8 @@ def theoretical_bandwidth(hardware):
     channels, speed = memory.get("channels_per_socket"), memory.get("min_speed_mts")
     if not channels or not speed:
         return unavailable("the hardware profile has no memory.channels_per_socket / memory.min_speed_mts")
-    gbps = sockets * int(channels) * int(speed) * 1e6 * 8 / GB
-    return {"available": True, "gbps": round(gbps, 1),
+    gbps = hw.theoretical_bandwidth_gbs(sockets * int(channels), int(speed))
+    return {"available": True, "gbps": gbps,
             "formula": "%d socket(s) x %d channels x %d MT/s x 8 bytes" % (sockets, int(channels), int(speed))}
 
 
@@ -124,16 +127,19 @@ def rapl_energy(rapl):
 
 
 def gpu_energy(gpu_power, seconds):
-    """Average board power (summed over GPUs) and energy over the run from nvidia-smi samples."""
+    """Average board power (summed over GPUs) and energy over the run from nvidia-smi's raw samples."""
     gpu_power = gpu_power or {}
     if not gpu_power.get("available"):
         return unavailable(gpu_power.get("reason") or "GPU power was not sampled")
     per_gpu = {}
-    for sample in gpu_power.get("samples") or []:
-        per_gpu.setdefault(int(sample["gpu"]), []).append(float(sample["watts"]))
+    for sample in hw.parse_nvidia_smi_power(gpu_power.get("raw")):
+        per_gpu.setdefault(sample["gpu"], []).append(sample["watts"])
     seconds = _num(seconds)
-    if not per_gpu or not seconds:
-        return unavailable("no power.draw samples")
+    if not per_gpu:
+        return unavailable("nvidia-smi gave no power.draw sample: %s" % (
+            (gpu_power.get("stderr") or "").strip() or (gpu_power.get("raw") or "").strip()[-300:] or "no output"))
+    if not seconds:
+        return unavailable("the tg run has no wall time")
     averages = {gpu: sum(values) / len(values) for gpu, values in sorted(per_gpu.items())}
     watts = sum(averages.values())
     return {"available": True, "average_watts": round(watts, 2), "joules": round(watts * seconds, 3),
@@ -200,7 +206,8 @@ def _server_options(argv):
 def bench_argv(server_argv, help_text, binary):
     """llama-bench arguments for the service's own settings, keeping only the flags this llama-bench accepts.
 
-    Maps -m, -t, -ngl, -b, -ub, -ctk, -ctv, -mla, -amb, -fa, -fmoe, --numa and -ot of the llama-server argv. Returns
+    Maps -m, -t (with -tb as ik's -tgb pair), -rtr, -ngl, -b, -ub, -ctk, -ctv, -mla, -amb, -fa, -fmoe, --numa and -ot
+    of the llama-server argv. Returns
     {"base": [binary and flags], "mapped": [...], "dropped": [flags of the service the bench does not accept]};
     bench_command adds the sizes of a pp or tg run.
     """
@@ -212,6 +219,20 @@ def bench_argv(server_argv, help_text, binary):
         _fail("the service's arguments have no -m MODEL")
     argv = [str(binary), "-m", options["-m"][0]]
     mapped, dropped = ["-m"], []
+    if "-tb" in options:
+        # ik's llama-bench sets generation and batch threads as one pair (-tgb T,TB); -t sets both to T.
+        if "-tgb" in accepted:
+            argv += ["-tgb", "%s,%s" % (options.get("-t", options["-tb"])[-1], options["-tb"][-1])]
+            mapped.append("-tb")
+            options.pop("-t", None)
+        else:
+            dropped.append("-tb")
+    if "-rtr" in options:
+        if "-rtr" in accepted:
+            argv += ["-rtr", "1"]
+            mapped.append("-rtr")
+        else:
+            dropped.append("-rtr")
     for flag in ("-t", "-ngl", "-b", "-ub", "-ctk", "-ctv", "-mla", "-amb"):
         if flag in options:
             if flag in accepted:
@@ -377,6 +398,7 @@ def report(inputs):
     gpu = gpu_energy(bench_tg.get("gpu_power") or unavailable(bench_tg.get("skip_reason") or "GPU power was not sampled"),
                      bench_tg.get("seconds"))
     bench = inputs.get("bench") or {}
+    tuning = tuning_section(inputs.get("tuning"), inputs.get("deployment_sha256"), line, tg_tps)
     result = {
         "schema": SCHEMA,
         "host": inputs.get("host"),
@@ -406,8 +428,47 @@ def report(inputs):
         "power": {"during": "the llama-bench tg run (its wall time, model load and warm-up included)", "cpu_package": cpu, "gpu_board": gpu,
                   "tokens_per_joule": tokens_per_joule(tg_tps, cpu, gpu)},
         "published": inputs.get("seeds") or unavailable("no seed table"),
+        "tuning": tuning,
     }
     return result
+
+
+def _efficiencies(tps, line):
+    out = {}
+    for label in ("measured", "theoretical"):
+        ceiling = (line or {}).get("ceiling_tps_at_%s_bandwidth" % label)
+        out["efficiency_vs_%s" % label] = (round(float(tps) / ceiling, 4)
+                                           if tps is not None and isinstance(ceiling, (int, float)) and ceiling > 0
+                                           else unavailable("no %s ceiling or no generation speed" % label))
+    return out
+
+
+def tuning_section(tune, deployment_sha256, line, tg_tps):
+    """Before and after tuning (playbooks/tune.yml's report of this very deployment) against the roofline.
+
+    before: the search's baseline trial (the service's flags before tuning); tuned: its winning trial; validated: this
+    report's own llama-bench tg of the tuned service. The search's speeds are at its objective's sizes (generation after
+    a prompt of prompt_tokens), validate's at validate_bench_gen_tokens on an empty context.
+    """
+    tune = tune or {}
+    if not tune:
+        return unavailable("this deployment was not tuned (no tune.json on the control machine)")
+    if not deployment_sha256 or tune.get("deployment_sha256") != deployment_sha256:
+        return unavailable("tune.json is of another deployment (tuned %s for build %s); run playbooks/tune.yml again"
+                           % (tune.get("date"), tune.get("build")))
+    if not tune.get("ok"):
+        return unavailable("the search found no working flags: %s" % tune.get("stopped"))
+    out = {"available": True, "date": tune.get("date"), "objective": tune.get("objective"),
+           "gain": tune.get("gain"), "changed_flags": tune.get("changed_flags", []),
+           "trials": len(tune.get("trials") or []), "stopped": tune.get("stopped")}
+    for label, trial in (("before", tune.get("baseline") or {}), ("tuned", tune.get("best") or {})):
+        part = {"pp_tps": trial.get("pp_tps"), "tg_tps": trial.get("tg_tps"), "score": trial.get("score")}
+        part.update(_efficiencies(trial.get("tg_tps"), line))
+        out[label] = part
+    validated = {"tg_tps": tg_tps}
+    validated.update(_efficiencies(tg_tps, line))
+    out["validated"] = validated
+    return out
 
 
 def _fmt(value, unit="", digits=1):
@@ -475,7 +536,66 @@ def report_markdown(rep):
             rep["engine"]["engine"], _fmt(bench["pp"].get("tps", "n/a"), "", 1), _fmt(bench["tg"].get("tps", "n/a"), "", 1)))
     else:
         lines.append("Published figures: %s." % published["reason"])
+    tuning = rep.get("tuning") or unavailable("not reported")
+    lines.append("")
+    if tuning.get("available"):
+        obj = tuning["objective"] or {}
+        lines += ["Tuning (%s, objective %s at %s/%s tokens, %d trials, %+.1f%%; changed: %s), generation against the "
+                  "roofline:" % (tuning["date"], obj.get("kind"), obj.get("prompt_tokens"), obj.get("gen_tokens"),
+                                 tuning["trials"], 100 * float(tuning.get("gain") or 0),
+                                 ", ".join(tuning["changed_flags"]) or "nothing"), "",
+                  "| | tg tok/s | of the ceiling (measured bw) | of the ceiling (theoretical bw) |", "|---|---|---|---|"]
+        for label, key in (("before tuning (search baseline)", "before"), ("tuned (search winner)", "tuned"),
+                           ("tuned (this validation)", "validated")):
+            part = tuning[key]
+            lines.append("| %s | %s | %s | %s |" % (label, _fmt(part.get("tg_tps") if part.get("tg_tps") is not None
+                                                                 else "n/a", "", 1),
+                                                  _pct(part["efficiency_vs_measured"]), _pct(part["efficiency_vs_theoretical"])))
+    else:
+        lines.append("Tuning: %s." % tuning.get("reason"))
+    chart = rep.get("chart")
+    if isinstance(chart, str):
+        lines += ["", "![roofline](%s)" % chart]
     return "\n".join(lines) + "\n"
+
+
+def chart_spec(rep, seed_table, profile_name):
+    """What the roofline chart shows, from a report: the ceilings (tok/s = bandwidth / GB per token) at the
+    theoretical and the measured bandwidth, the band published runs reach (35-55% of the theoretical ceiling),
+    the seeds' published generation speeds for this profile (every model, at its GB per token), this node's measured
+    point and, after tuning, the point before tuning and the tuned one. The hmk_roofline_chart module draws it."""
+    line, bw = rep.get("roofline") or {}, rep.get("memory_bandwidth") or {}
+    bandwidths = []
+    if (bw.get("theoretical") or {}).get("available"):
+        bandwidths.append({"label": "theoretical %.1f GB/s" % bw["theoretical"]["gbps"], "gbps": bw["theoretical"]["gbps"],
+                           "kind": "theoretical"})
+    if (bw.get("measured") or {}).get("available"):
+        bandwidths.append({"label": "measured %.1f GB/s (read)" % bw["measured"]["read_gbps"],
+                           "gbps": bw["measured"]["read_gbps"], "kind": "measured"})
+    points = []
+    for entry in seed_table or []:
+        if entry.get("profile") == profile_name and entry.get("tg_tps") and entry.get("gb_per_token"):
+            points.append({"label": "%s (%s)" % (entry.get("engine"), entry.get("source")), "kind": "published",
+                           "gb_per_token": float(entry["gb_per_token"]), "tps": float(entry["tg_tps"])})
+    gb = line.get("gb_per_token") if line.get("available") else None
+    tg = (rep.get("bench") or {}).get("tg") or {}
+    tuning = rep.get("tuning") or {}
+    if gb:
+        if tuning.get("available"):
+            before = tuning["before"].get("tg_tps")
+            if before:
+                points.append({"label": "before tuning (search baseline)", "kind": "before", "gb_per_token": gb,
+                               "tps": float(before)})
+            if tg.get("available"):
+                points.append({"label": "tuned (validated)", "kind": "tuned", "gb_per_token": gb, "tps": float(tg["tps"])})
+        elif tg.get("available"):
+            points.append({"label": "measured", "kind": "measured", "gb_per_token": gb, "tps": float(tg["tps"])})
+    model = rep.get("model") or {}
+    title = "Roofline: %s, %s on %s" % (rep.get("host"), str(model.get("path") or "?").rsplit("/", 1)[-1],
+                                        rep.get("profile"))
+    note = "" if model.get("numbers_meaningful", True) else "not meaningful: %s" % model.get("meaning")
+    return {"title": title, "note": note, "bandwidths": bandwidths, "points": points,
+            "band": [0.35, 0.55] if any(b["kind"] == "theoretical" for b in bandwidths) else []}
 
 
 def _pct(value):
@@ -502,4 +622,5 @@ class FilterModule(object):
             "validate_seed_figures": seed_figures,
             "validate_report": report,
             "validate_report_markdown": report_markdown,
+            "validate_chart_spec": chart_spec,
         }

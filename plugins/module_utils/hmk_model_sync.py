@@ -27,6 +27,27 @@ CHUNK = 4 * 1024 * 1024
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
+def safetensors_problems(path):
+    """Problems of a safetensors shard's header (8-byte length, JSON table, every tensor inside the file): the
+    safetensors counterpart of the GGUF header check, so a shard that would not load is never published."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as handle:
+        raw = handle.read(8)
+        if len(raw) != 8:
+            return ["%s is too short for a safetensors header" % path]
+        length = int.from_bytes(raw, "little")
+        if length <= 0 or 8 + length > size or length > 100 * 1024 * 1024:
+            return ["%s declares a %d-byte safetensors header in a %d-byte file" % (path, length, size)]
+        try:
+            header = json.loads(handle.read(length).decode("utf-8"))
+        except ValueError as exc:
+            return ["%s has no JSON safetensors header (%s)" % (path, exc)]
+    data = size - 8 - length
+    bad = [name for name, info in header.items() if name != "__metadata__"
+           and not (isinstance(info, dict) and 0 <= info.get("data_offsets", [-1, -1])[0] <= info["data_offsets"][1] <= data)]
+    return ["%s: tensors outside the file: %s" % (path, ", ".join(sorted(bad)[:5]))] if bad else []
+
+
 class SyncError(Exception):
     """A failure the operator must act on; the message says what and where."""
 
@@ -324,7 +345,9 @@ def curl_command(url, offset, follow_redirects, connect_timeout=30, stall_second
             "--max-redirs", "5" if follow_redirects else "0", "--connect-timeout", str(connect_timeout),
             "--speed-limit", "1024", "--speed-time", str(stall_seconds), "--output", output, "--config", "-"]
     if follow_redirects:
-        argv[argv.index("--location"):argv.index("--location")] = ["--proto-redir", "=https"]
+        # A redirect may not downgrade: from https only to https (the Hub's storage); a plain-http store stays http.
+        allowed = "=https" if url.startswith("https:") else "=http,https"
+        argv[argv.index("--location"):argv.index("--location")] = ["--proto-redir", allowed]
     if offset:
         argv += ["--continue-at", str(offset)]
     return argv
@@ -551,6 +574,12 @@ class Syncer:
             raise SyncError("%s failed verification: expected sha256 %s (%d bytes), got sha256 %s (%d bytes) from %s; "
                             "the download was moved to %s and the published copy, if any, is untouched"
                             % (name, wanted, size, observed, got, self.source.describe(relpath), outcome["bad"]))
+        if name.endswith(".safetensors"):
+            problems = safetensors_problems(partial)
+            if problems:
+                outcome["bad"] = self._quarantine(partial, name)
+                raise SyncError("%s has the catalog's sha256 but is not a loadable safetensors shard: %s; moved to %s"
+                                % (name, "; ".join(problems), outcome["bad"]))
         if name.endswith(".gguf"):
             problems = self._gguf_problems(partial, name)
             if problems:

@@ -9,7 +9,9 @@ DOCUMENTATION = r"""
 module: hmk_hardware_facts
 short_description: Read the BIOS and hardware facts an inference node depends on, and judge them
 description:
-  - Reads lscpu, numactl, dmidecode -t 17, /proc, /sys, mokutil, lspci and nvidia-smi on the node.
+  - Reads lscpu, /proc/cpuinfo, numactl, dmidecode -t 17, /proc, /sys, mokutil, systemd-detect-virt, lspci and
+    nvidia-smi on the node, through the shared parsers of module_utils/hmk_hardware.py.
+  - A fact that cannot be read is C({"unknown": "<reason>"}), never an empty value.
   - Judges the facts against the hardware profile (C(hmk_hardware)) and returns one check per item.
   - Only reads; supports check mode and never reports a change.
 options:
@@ -47,7 +49,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 hardware:
-  description: The gathered facts (cpu, memory, gpus, nvme, numa_balancing, pcie_aspm_policy, ...).
+  description: The gathered facts (platform, dmi, cpu, numa, memory, gpus, cmdline, numa_balancing, ...).
   returned: always
   type: dict
 checks:
@@ -73,9 +75,10 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_hardware import (
-    UNKNOWN, apply_waivers, evaluate, isa_summary, normalize_bdf, parse_bracketed, parse_cpuinfo_flags,
-    parse_dmidecode_memory, parse_lscpu, parse_lspci_link, parse_meminfo_total_gb, parse_mokutil_sb_state,
-    parse_numactl, parse_nvidia_smi_csv, parse_sysfs_link, render_markdown, render_table, summarize)
+    apply_waivers, cpu_generation, detect_platform, evaluate, isa_summary, known, normalize_bdf, parse_bracketed,
+    parse_cmdline, parse_cpuinfo, parse_cpulist, parse_dmi_system, parse_dmidecode_memory, parse_lscpu, parse_lspci,
+    parse_meminfo_total_gb, parse_mokutil_sb_state, parse_numactl, parse_nvidia_smi_csv, parse_sysfs_link,
+    render_markdown, render_table, summarize, unknown)
 
 C_ENV = {"LANG": "C", "LC_ALL": "C"}
 
@@ -89,7 +92,7 @@ def read(path, default=None):
 
 
 def run(module, argv):
-    """Output of a command, or None when it is missing or fails (the check then says unknown)."""
+    """Output of a command, or None when it is missing or fails (the fact then says unknown, with why)."""
     binary = module.get_bin_path(argv[0])
     if not binary:
         return None
@@ -99,24 +102,55 @@ def run(module, argv):
 
 def gather_cpu(module):
     cpu = parse_lscpu(run(module, ["lscpu"]) or "")
-    cpuinfo_flags = parse_cpuinfo_flags(read("/proc/cpuinfo", ""))
-    if cpuinfo_flags:
-        cpu["flags"] = cpuinfo_flags
-        cpu["hypervisor"] = cpu["hypervisor"] or "hypervisor" in cpuinfo_flags
-    nodes = glob.glob("/sys/devices/system/node/node[0-9]*")
-    numactl = parse_numactl(run(module, ["numactl", "--hardware"]) or "")
-    cpu["numa_nodes"] = len(nodes) or numactl["node_count"] or cpu["numa_nodes"]
-    cpu["numa_memoryless_nodes"] = numactl["memoryless_nodes"]
+    info = parse_cpuinfo(read("/proc/cpuinfo", ""))
+    # /proc/cpuinfo is one line per flag set and never wrapped: prefer it to lscpu's column-wrapped Flags.
+    for key in ("flags", "vendor", "family", "model_number", "model"):
+        if known(info[key]):
+            cpu[key] = info[key]
+    if known(cpu["flags"]):
+        cpu["hypervisor"] = cpu["hypervisor"] is True or "hypervisor" in cpu["flags"]
     smt = read("/sys/devices/system/cpu/smt/active")
     if smt in ("0", "1"):
         cpu["smt_active"] = smt == "1"
-    elif cpu.get("threads_per_core"):
+    elif known(cpu.get("threads_per_core")):
         cpu["smt_active"] = cpu["threads_per_core"] > 1
     else:
-        cpu["smt_active"] = None
+        cpu["smt_active"] = unknown("no /sys/devices/system/cpu/smt/active and no 'Thread(s) per core'")
     cpu["isa"] = isa_summary(cpu["flags"])
+    cpu["generation"] = cpu_generation(cpu["vendor"], cpu["family"], cpu["model_number"], cpu["model"])
     cpu.pop("numa_node_cpus", None)
     return cpu
+
+
+def gather_numa(module):
+    """Nodes from sysfs (CPUs, memory, the sockets of their CPUs); numactl --hardware where sysfs has none."""
+    nodes = {}
+    for path in sorted(glob.glob("/sys/devices/system/node/node[0-9]*")):
+        node = int(os.path.basename(path)[4:])
+        cpus = parse_cpulist(read(os.path.join(path, "cpulist"), ""))
+        meminfo = read(os.path.join(path, "meminfo"), "")
+        total = [line.split()[-2] for line in meminfo.splitlines() if "MemTotal:" in line]
+        packages = set(read("/sys/devices/system/cpu/cpu%d/topology/physical_package_id" % c) for c in cpus)
+        nodes[node] = {
+            "cpus": read(os.path.join(path, "cpulist"), ""),
+            "size_mb": int(total[0]) // 1024 if total else unknown("%s/meminfo has no MemTotal" % path),
+            "packages": [] if not cpus else sorted(int(p) for p in packages) if None not in packages else
+            unknown("no physical_package_id for the node's CPUs"),
+        }
+    source = "sysfs"
+    if not nodes:
+        numactl = parse_numactl(run(module, ["numactl", "--hardware"]) or "")
+        nodes = numactl["nodes"]
+        source = "numactl" if nodes else "none"
+    return {"source": source, "nodes": nodes or unknown("no /sys/devices/system/node and no numactl output")}
+
+
+def gather_dmi(module):
+    vendor, product = read("/sys/class/dmi/id/sys_vendor"), read("/sys/class/dmi/id/product_name")
+    if vendor or product:
+        return {"sys_vendor": vendor or unknown("empty sys_vendor"),
+                "product_name": product or unknown("empty product_name")}
+    return parse_dmi_system(run(module, ["dmidecode", "-t", "1"]) or "")
 
 
 def gather_gpus(module):
@@ -129,18 +163,22 @@ def gather_gpus(module):
         if read(os.path.join(dev, "vendor")) != "0x10de" or not (read(os.path.join(dev, "class")) or "").startswith("0x03"):
             continue
         bdf = normalize_bdf(os.path.basename(dev))
+        lspci = parse_lspci(run(module, ["lspci", "-vv", "-nn", "-k", "-s", bdf]) or "").get(bdf, {})
         link = parse_sysfs_link(*[read(os.path.join(dev, name)) for name in
                                   ("current_link_speed", "max_link_speed", "current_link_width", "max_link_width")])
-        if link["current_width"] is None:
-            link = parse_lspci_link(run(module, ["lspci", "-vv", "-s", bdf]) or "")
-        described = (run(module, ["lspci", "-s", bdf]) or "").strip()
+        lspci_link = lspci.get("link") or {}
+        for key, value in lspci_link.items():
+            if key not in link or not known(link[key]):
+                link[key] = value
+        driver = os.path.realpath(os.path.join(dev, "driver")) if os.path.exists(os.path.join(dev, "driver")) else None
         numa = read(os.path.join(dev, "numa_node"))
         gpus.append({
             "pci_address": bdf,
-            "model": smi.get(bdf, {}).get("model") or (described.split(": ", 1)[1] if ": " in described else None),
-            "vram_mib": smi.get(bdf, {}).get("vram_mib"),
+            "model": smi.get(bdf, {}).get("model") or lspci.get("description") or unknown("no nvidia-smi, no lspci"),
+            "vram_mib": smi.get(bdf, {}).get("vram_mib") or unknown("nvidia-smi does not list this GPU"),
+            "driver": os.path.basename(driver) if driver else unknown("no driver bound (sysfs driver link absent)"),
             "link": link,
-            "numa_node": int(numa) if numa not in (None, "") else None,
+            "numa_node": int(numa) if numa not in (None, "") else unknown("no numa_node in sysfs"),
         })
     return gpus
 
@@ -162,7 +200,7 @@ def gather_disk(models_path):
     while path and not os.path.exists(path):
         path = os.path.dirname(path.rstrip("/")) or "/"
     if not path:
-        return {"path": models_path, "checked_path": None, "free_gb": None}
+        return {"path": models_path, "checked_path": unknown("no existing parent"), "free_gb": unknown("no path")}
     stat = os.statvfs(path)
     # Report the filesystem, not the deepest existing directory, so a re-run after the models
     # directory is created reads the same.
@@ -172,7 +210,7 @@ def gather_disk(models_path):
 
 def gather_secure_boot(module):
     state = parse_mokutil_sb_state(run(module, ["mokutil", "--sb-state"]) or "")
-    if state:
+    if known(state):
         return state
     if not os.path.isdir("/sys/firmware/efi"):
         return "not_efi"
@@ -181,26 +219,34 @@ def gather_secure_boot(module):
             with open(var, "rb") as handle:
                 data = handle.read()
             return "enabled" if data[-1:] == b"\x01" else "disabled"
-        except (IOError, OSError):
-            return None
-    return None
+        except (IOError, OSError) as exc:
+            return unknown("%s: %s" % (var, exc))
+    return unknown("EFI without a SecureBoot variable and no mokutil")
 
 
 def gather(module):
+    profile = module.params["profile"] or {}
     numa_balancing = read("/proc/sys/kernel/numa_balancing")
+    cpu = gather_cpu(module)
+    dmi = gather_dmi(module)
+    virt = (run(module, ["systemd-detect-virt", "--vm"]) or "").strip() or \
+        unknown("systemd-detect-virt missing or silent")
+    channels = (profile.get("memory") or {}).get("channels_per_socket") or cpu["generation"]["channels_per_socket"]
     return {
-        "cpu": gather_cpu(module),
-        "memory": parse_dmidecode_memory(run(module, ["dmidecode", "-t", "17"]) or ""),
+        "platform": detect_platform(cpu, dmi, virt, profile.get("platform") or "auto"),
+        "dmi": dmi,
+        "cpu": cpu,
+        "numa": gather_numa(module),
+        "memory": parse_dmidecode_memory(run(module, ["dmidecode", "-t", "17"]) or "", channels),
         "memory_total_gb": parse_meminfo_total_gb(read("/proc/meminfo", "")),
-        # None: the kernel has no NUMA balancing at all; UNKNOWN: the file exists but says nothing usable.
-        "numa_balancing": None if numa_balancing is None else
-        (int(numa_balancing) if numa_balancing.isdigit() else UNKNOWN),
+        "numa_balancing": "absent" if numa_balancing is None else
+        (int(numa_balancing) if numa_balancing.isdigit() else unknown("numa_balancing reads %r" % numa_balancing)),
         "pcie_aspm_policy": parse_bracketed(read("/sys/module/pcie_aspm/parameters/policy")),
         "transparent_hugepages": parse_bracketed(read("/sys/kernel/mm/transparent_hugepage/enabled")),
-        "cmdline": read("/proc/cmdline", ""),
+        "cmdline": parse_cmdline(read("/proc/cmdline", "")),
         "secure_boot": gather_secure_boot(module),
         "gpus": gather_gpus(module),
-        "nvme": [{"name": os.path.basename(d), "model": read(os.path.join(d, "model"))}
+        "nvme": [{"name": os.path.basename(d), "model": read(os.path.join(d, "model")) or unknown("no model")}
                  for d in sorted(glob.glob("/sys/class/nvme/nvme*"))],
         "models_disk": gather_disk(module.params["models_path"]),
     }

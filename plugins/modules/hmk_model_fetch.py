@@ -13,6 +13,9 @@ description:
   - Fails before the first byte when the missing bytes plus the margin do not fit in the free space.
   - Downloads into C(<name>.partial) with curl (HTTP/HTTPS, ranged resume) or rsync (SSH, --append-verify), or
     copies from a local/NFS path; hashes the bytes while they stream, resumes a partial after hashing it.
+  - With source_kind huggingface the files are the lock's (repo, commit, path, size, sha256) and come from the Hub's
+    resolve/ URLs, redirects to its storage followed; before the first byte one HEAD per file checks that the token
+    is accepted and that the Hub still serves the locked commit, size and sha256.
   - Checks sha256 and size, then the GGUF header against the catalog, then renames into place. A file that
     fails goes to the quarantine directory; the published copy is never replaced by a bad one.
   - Writes progress lines to C(log_path) while it runs. Supports check mode (reports what it would fetch).
@@ -34,7 +37,9 @@ options:
     type: path
     required: true
   files:
-    description: Files to sync, each with name, size (bytes), sha256, and optionally source (path relative to the source).
+    description:
+      - Files to sync, each with name, size (bytes), sha256, and optionally source (path relative to the source).
+      - For source_kind huggingface also repo, commit and path (the file in the repository), as the lock has them.
     type: list
     elements: dict
     required: true
@@ -45,18 +50,20 @@ options:
   source_kind:
     description: Transport.
     type: str
-    choices: [http, rsync, local]
+    choices: [http, rsync, local, huggingface]
     required: true
   source_location:
-    description: Base URL (http), rsync source C(user@host:/path) (rsync) or directory (local) of this model.
+    description:
+      - Base URL (http), rsync source C(user@host:/path) (rsync) or directory (local) of this model.
+      - For huggingface the Hub endpoint, e.g. https://huggingface.co.
     type: str
     required: true
   http_token:
-    description: Bearer token for HTTP; passed to curl on stdin, never on its command line.
+    description: Bearer token for HTTP and the Hub; passed to curl on stdin, never on its command line.
     type: str
     no_log: true
   http_follow_redirects:
-    description: Follow up to 5 redirects (HTTPS only); off keeps every request on the configured host.
+    description: Follow up to 5 redirects, never from https to http; off keeps every request on the configured host.
     type: bool
     default: false
   rsync_ssh_options:
@@ -155,6 +162,7 @@ import grp
 import pwd
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_hub import hub_source
 from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_model_sync import ProgressLog, Source, SyncError, Syncer, validate_catalog
 
 
@@ -167,7 +175,7 @@ def main():
             quarantine_dir=dict(type="path", required=True),
             files=dict(type="list", elements="dict", required=True),
             gguf_expect=dict(type="dict", default={}),
-            source_kind=dict(type="str", required=True, choices=["http", "rsync", "local"]),
+            source_kind=dict(type="str", required=True, choices=["http", "rsync", "local", "huggingface"]),
             source_location=dict(type="str", required=True),
             http_token=dict(type="str", no_log=True),
             http_follow_redirects=dict(type="bool", default=False),
@@ -194,11 +202,19 @@ def main():
         owner, group = pwd.getpwnam(p["owner"]).pw_uid, grp.getgrnam(p["group"]).gr_gid
     except KeyError as exc:
         module.fail_json(msg="owner %s or group %s does not exist on the node: %s" % (p["owner"], p["group"], exc))
-    source = Source(p["source_kind"], p["source_location"], token=p["http_token"],
-                    follow_redirects=p["http_follow_redirects"], ssh_options=p["rsync_ssh_options"],
-                    retries=p["retries"], retry_delay=p["retry_delay"], stall_seconds=p["stall_seconds"])
+    files = p["files"]
+    if p["source_kind"] == "huggingface":
+        missing = [f.get("name") for f in files if not all(f.get(k) for k in ("repo", "commit", "path"))]
+        if missing:
+            module.fail_json(msg="%s: files %s lack repo, commit or path (the lock's entries)" % (p["model"], missing))
+        source, files = hub_source(p["source_location"], files, token=p["http_token"], retries=p["retries"],
+                                   retry_delay=p["retry_delay"], stall_seconds=p["stall_seconds"])
+    else:
+        source = Source(p["source_kind"], p["source_location"], token=p["http_token"],
+                        follow_redirects=p["http_follow_redirects"], ssh_options=p["rsync_ssh_options"],
+                        retries=p["retries"], retry_delay=p["retry_delay"], stall_seconds=p["stall_seconds"])
     log = ProgressLog(None if module.check_mode else p["log_path"], p["model"], p["progress_interval"])
-    syncer = Syncer(p["model"], p["dest"], p["state_dir"], p["quarantine_dir"], p["files"], source,
+    syncer = Syncer(p["model"], p["dest"], p["state_dir"], p["quarantine_dir"], files, source,
                     gguf_expect=p["gguf_expect"], parallel=p["parallel"], rehash=p["rehash"],
                     margin=p["free_space_margin"], log=log, owner=owner, group=group, mode=int(p["mode"], 8),
                     check_mode=module.check_mode)

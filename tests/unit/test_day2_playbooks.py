@@ -22,11 +22,13 @@ def _block(play):
     return blocks[0]
 
 
-def _includes(tasks):
-    """(role without the collection prefix, tasks_from, vars) of each include_role."""
-    return [(t["ansible.builtin.include_role"]["name"].removeprefix("hmk.moe_kit."),
-             t["ansible.builtin.include_role"].get("tasks_from"), t.get("vars", {}))
-            for t in tasks if "ansible.builtin.include_role" in t]
+def _includes(tasks, gateway=False):
+    """(role without the collection prefix, tasks_from, vars) of each include_role; the gateway's drain/restore
+    steps only when asked (test_upgrade_drains_and_restores_the_node_on_the_gateways checks them)."""
+    found = [(t["ansible.builtin.include_role"]["name"].removeprefix("hmk.moe_kit."),
+              t["ansible.builtin.include_role"].get("tasks_from"), t.get("vars", {}))
+             for t in tasks if "ansible.builtin.include_role" in t]
+    return found if gateway else [f for f in found if f[0] != "gateway"]
 
 
 def _rolling(play, serial_var):
@@ -60,6 +62,17 @@ def test_upgrade_builds_then_gates_and_rolls_back_then_fails():
     assert "ansible.builtin.fail" in rescue[-1]
 
 
+def test_upgrade_drains_and_restores_the_node_on_the_gateways():
+    block = _block(_play("upgrade.yml"))
+    # Drained once the new build exists (the node served while it compiled), before the restart; back after the gate.
+    assert [(r, f) for r, f, _ in _includes(block["block"], gateway=True)] == [
+        ("llama_build", None), ("gateway", "drain.yml"), ("inference_service", None), ("gateway", "restore.yml")]
+    # A node that rolled back serves the remembered build: it goes back into rotation before the node fails.
+    rescue = _includes(block["rescue"], gateway=True)
+    assert [(r, f) for r, f, _ in rescue[-2:]] == [("inference_service", None), ("gateway", "restore.yml")]
+    assert "ansible.builtin.fail" in block["rescue"][-1]
+
+
 def test_model_swap_is_rolling_and_restores_the_old_model():
     play = _play("model-swap.yml")
     _rolling(play, "model_swap_serial")
@@ -71,6 +84,14 @@ def test_model_swap_is_rolling_and_restores_the_old_model():
     assert _includes(block["rescue"]) == [
         ("inference_service", None, {"inference_service_model_path": "{{ model_swap_previous_path }}"})]
     assert "ansible.builtin.fail" in block["rescue"][-1]
+
+
+def test_model_swap_drains_and_restores_the_node_on_the_gateways():
+    block = _block(_play("model-swap.yml"))
+    assert [(r, f) for r, f, _ in _includes(block["block"], gateway=True)] == [
+        ("model_sync", None), ("gateway", "drain.yml"), ("inference_service", None), ("gateway", "restore.yml")]
+    assert [(r, f) for r, f, _ in _includes(block["rescue"], gateway=True)] == [
+        ("inference_service", None), ("gateway", "restore.yml")]
 
 
 def test_model_swap_deletes_the_old_model_only_when_asked_and_after_success():

@@ -27,7 +27,15 @@ PROC_OPEN = ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.86.15
 PROC_PROPRIETARY = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.216.01  Fri Oct 18 12:48:58 UTC 2024\n"
 MEMINFO = "MemTotal:       395000000 kB\nMemFree:         10000000 kB\nCached:         370000000 kB\n"
 GPU = {"pci_address": "0000:01:00.0", "model": "NVIDIA GeForce RTX 4090", "vram_mib": 24564, "numa_node": 0,
+       "driver": "nvidia",
        "link": {"current_width": 16, "max_width": 16, "current_speed_gts": 16.0, "max_speed_gts": 16.0}}
+GENOA_FLAGS = ["avx", "avx2", "avx512_bf16", "avx512_vnni", "avx512bw", "avx512f", "avx512vbmi", "bmi2", "f16c",
+               "fma", "pni", "ssse3"]
+# ik_llama.cpp's start line on that node (its format: ../fixtures/hardware/llama-log--ik-server-*.txt).
+SYSTEM_INFO = ('2026-11-30T09:00:01+0000 node llama-server[900]: INFO [                    main] system info | '
+               'tid="1" timestamp=1 n_threads=32 n_threads_batch=32 total_threads=32 system_info="AVX = 1 | '
+               'AVX_VNNI = 0 | AVX2 = 1 | AVX512 = 1 | AVX512_VBMI = 1 | AVX512_VNNI = 1 | AVX512_BF16 = 1 | FMA = 1 | '
+               'NEON = 0 | F16C = 1 | SSE3 = 1 | SSSE3 = 1 | "')
 IK_FMOE = "2026-11-30T09:41:02+0000 node hmk-inference[812]: error: unknown argument: -fmoe"
 FIXTURES = REPO / "tests" / "fixtures"
 # The kernel's /proc/devices with the driver's 550.40+ names (captured in molecule/gpu_devices, STAND-IN modules).
@@ -48,7 +56,9 @@ def healthy():
     return {
         "profile": copy.deepcopy(GENOA),
         "hardware": {
-            "cpu": {"sockets": 1, "numa_nodes": 1, "smt_active": False, "threads_per_core": 1, "hypervisor": False},
+            "cpu": {"sockets": 1, "numa_nodes": 1, "smt_active": False, "threads_per_core": 1, "hypervisor": False,
+                    "vendor": "AuthenticAMD", "family": 25, "model_number": 17, "flags": GENOA_FLAGS},
+            "numa": {"source": "sysfs", "nodes": {"0": {"cpus": "0-31", "size_mb": 385000, "packages": [0]}}},
             "memory": {"slots_populated": 12, "slots_total": 24, "channels_populated": 12, "channels_total": 12,
                        "channel_source": "labels", "configured_speed_mts": 4800, "bandwidth_gbs": 460.8},
             "memory_total_gb": 376.7,
@@ -60,6 +70,7 @@ def healthy():
         "journal_since": "-1h",
         "journal_warnings": [],
         "journal_tail": ["2026-11-30T09:00:00+0000 node hmk-inference[900]: INFO [main] HTTP server listening"],
+        "engine_system_info": [SYSTEM_INFO],
         "nvidia_smi": {"rc": 0, "stdout": "570.86.15, NVIDIA GeForce RTX 4090, 00000000:01:00.0", "stderr": ""},
         "nvidia_proc_version": PROC_OPEN,
         "nvidia_libraries": ["/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.570.86.15"],
@@ -78,6 +89,14 @@ def healthy():
         "gpu_placement": {"plan": json.dumps(GPU_PLAN), "plan_path": "/etc/hmk/hmk-inference-plan.json",
                           "engine_log": GPU_LOG, "pid": "900", "smi_rc": 1, "smi_gpus": "", "smi_apps": ""},
     }
+
+
+def set_nodes(raw, count, sockets=1, size_mb=96000):
+    """count NUMA nodes with 8 CPUs and size_mb each, spread evenly over the sockets."""
+    raw["hardware"]["cpu"]["sockets"] = sockets
+    raw["hardware"]["numa"]["nodes"] = dict(
+        (str(n), {"cpus": "%d-%d" % (8 * n, 8 * n + 7), "size_mb": size_mb, "packages": [n * sockets // count]})
+        for n in range(count))
 
 
 def only(findings, check_id):
@@ -108,7 +127,7 @@ def test_broken_node_ranks_the_failed_service_and_refused_flag_first():
     raw["journal_tail"] = [IK_FMOE, "2026-11-30T09:41:02+0000 node systemd[1]: hmk-inference.service: Failed with result 'exit-code'."]
     raw["journal_warnings"] = ["2026-11-30T09:41:02+0000 node systemd[1]: hmk-inference.service: Failed with result 'exit-code'."]
     raw["hardware"]["numa_balancing"] = 1
-    raw["hardware"]["cpu"]["numa_nodes"] = 4          # NPS4
+    set_nodes(raw, 4)                                 # NPS4
     raw["hardware"]["cpu"]["smt_active"] = True
     raw["hardware"]["pcie_aspm_policy"] = "powersave"
     report = doctor.diagnose(raw)
@@ -149,11 +168,10 @@ def test_failing_threshold():
 def test_text_and_markdown_show_rank_evidence_and_fix():
     raw = healthy()
     raw["hardware"]["numa_balancing"] = 1
-    raw["hardware"]["cpu"]["numa_nodes"] = 2
-    raw["hardware"]["cpu"]["sockets"] = 2
+    set_nodes(raw, 2, sockets=2)
     report = doctor.diagnose(raw)
     lines = doctor.text(report).splitlines()
-    assert lines[0] == "1 critical, 0 warning, 0 info, 14 ok"
+    assert lines[0] == "1 critical, 0 warning, 0 info, %d ok" % (len(doctor.ORDER) - 1)
     assert lines[1] == "1. [CRITICAL] NUMA balancing is on: pages of the experts migrate"
     assert lines[2] == "   evidence: kernel.numa_balancing=1, 2 NUMA node(s)"
     assert lines[3].startswith("   fix: It costs 50-65% of generation speed. `sysctl -w kernel.numa_balancing=0`")
@@ -397,12 +415,17 @@ def test_gpu_presence():
 # ------------------------------------------------------------------------ NUMA, NPS, SMT, DIMMs
 
 @pytest.mark.parametrize("value, nodes, severity", [
-    (None, 1, "ok"), ("unknown", 1, "info"), (0, 4, "ok"), (1, 1, "info"), (1, 2, "critical"), (1, None, "critical"),
+    ("absent", 1, "ok"), ({"unknown": "reads 'x'"}, 1, "info"), (0, 4, "ok"), (1, 1, "info"), (1, 2, "critical"),
+    (1, None, "critical"),
 ])
 def test_numa_balancing(value, nodes, severity):
     raw = healthy()
     raw["hardware"]["numa_balancing"] = value
-    raw["hardware"]["cpu"]["numa_nodes"] = nodes
+    if nodes:
+        set_nodes(raw, nodes)
+    else:
+        raw["hardware"]["numa"] = {}
+        raw["hardware"]["cpu"]["numa_nodes"] = {"unknown": "no NUMA node(s) line"}
     assert doctor.check_numa_balancing(raw)["severity"] == severity
 
 
@@ -414,15 +437,48 @@ def test_numa_balancing(value, nodes, severity):
 ])
 def test_nps(sockets, nodes, severity, title):
     raw = healthy()
+    raw["hardware"]["numa"] = {}  # lscpu's counts only: no per-socket node list
     raw["hardware"]["cpu"].update(sockets=sockets, numa_nodes=nodes)
     finding = doctor.check_nps(raw)
     assert (finding["severity"], finding["title"]) == (severity, title)
 
 
-def test_nps_in_a_vm_says_so():
+def test_nps_counts_nodes_with_cpus_per_socket_and_reports_memory_only_nodes():
     raw = healthy()
-    raw["hardware"]["cpu"].update(numa_nodes=2, hypervisor=True)
-    assert "hypervisor" in doctor.check_nps(raw)["title"]
+    raw["hardware"]["numa"]["nodes"]["1"] = {"cpus": "", "size_mb": 262144, "packages": []}  # a CXL expander
+    assert doctor.check_nps(raw)["title"] == "NPS1 as the profile wants"
+    findings = dict((f["id"], f) for f in doctor.check_memory_nodes(raw))
+    assert findings["numa_memory_only_nodes"]["severity"] == "warning"
+    assert findings["numa_memory_only_nodes"]["evidence"] == "node 1: 256.0 GB, no CPU"
+    assert findings["numa_memoryless_cpu_nodes"]["severity"] == "ok"
+    set_nodes(raw, 4, size_mb=0)
+    raw["hardware"]["numa"]["nodes"]["1"]["size_mb"] = 128000
+    findings = dict((f["id"], f) for f in doctor.check_memory_nodes(raw))
+    assert findings["numa_memoryless_cpu_nodes"]["title"] == "CPU node(s) without memory: node 0, node 2, node 3"
+    assert findings["numa_memory_placement"]["severity"] == "warning"
+
+
+def test_naples_die_layout_is_a_warning_without_an_nps_fix():
+    raw = healthy()
+    raw["hardware"]["cpu"].update(family=23, model_number=1)
+    set_nodes(raw, 4)
+    finding = doctor.check_nps(raw)
+    assert finding["severity"] == "warning" and "die layout" in finding["title"]
+    assert "NUMA nodes per socket = NPS" not in finding["fix"]
+
+
+def test_nps_smt_channels_in_a_vm_are_info_that_the_host_decides():
+    raw = healthy()
+    raw["hardware"]["cpu"].update(hypervisor=True, hypervisor_vendor="KVM")
+    set_nodes(raw, 2)
+    assert doctor.check_platform(raw)["severity"] == "info"
+    for check in (doctor.check_nps, doctor.check_smt, doctor.check_memory_channels):
+        finding = check(raw)
+        assert finding["severity"] == "info" and "virtual machine" in finding["title"], check
+    raw["profile"]["platform"] = "bare_metal"  # a twin that stands in for the metal is judged as metal
+    raw["hardware"]["platform"] = {"kind": "bare_metal", "detected": "virtual", "source": "declared",
+                                   "evidence": ["CPU hypervisor flag (KVM)"]}
+    assert doctor.check_nps(raw)["severity"] == "critical"
 
 
 def test_memory_channels():
@@ -436,12 +492,28 @@ def test_memory_channels():
     raw["hardware"]["memory"].update(channels_populated=12, slots_populated=12, configured_speed_mts=4400)
     finding = doctor.check_memory_channels(raw)
     assert (finding["severity"], finding["title"]) == ("warning", "Memory runs at 4400 MT/s, below 4800")
-    raw["profile"]["memory"] = {}
+    raw["profile"]["memory"] = {}  # no target in the profile: the CPU generation's (Genoa: 12 channels)
+    raw["hardware"]["memory"].update(configured_speed_mts=4800)
+    assert doctor.check_memory_channels(raw)["severity"] == "ok"
+    raw["hardware"]["cpu"].update(family={"unknown": "no cpu family line"})
     assert doctor.check_memory_channels(raw)["severity"] == "info"
     raw["hardware"]["memory"] = {"slots_populated": 0, "slots_total": 0}
     finding = doctor.check_memory_channels(raw)
     assert (finding["severity"], finding["evidence"]) == (
         "info", "dmidecode -t 17 lists no populated DIMM (0 slots)")
+
+
+def test_memory_channels_from_labels_that_do_not_name_channels():
+    raw = healthy()
+    raw["hardware"]["memory"] = {"slots_populated": 4, "slots_total": 16, "channel_source": "unknown",
+                                 "channels_populated": {"unknown": "the DIMM labels (Dell) do not name channels"},
+                                 "channels_upper_bound": 4, "configured_speed_mts": 4800}
+    finding = doctor.check_memory_channels(raw)
+    assert (finding["severity"], finding["title"]) == (
+        "critical", "at most 4 of 12 memory channels are populated: at least 67% of the bandwidth is missing")
+    raw["profile"]["memory"]["channels_per_socket"] = 4
+    finding = doctor.check_memory_channels(raw)
+    assert finding["severity"] == "info" and "cannot be told" in finding["title"]
 
 
 @pytest.mark.parametrize("smt, want, severity", [
@@ -450,6 +522,8 @@ def test_memory_channels():
 def test_smt(smt, want, severity):
     raw = healthy()
     raw["hardware"]["cpu"]["smt_active"] = smt
+    if smt is None:
+        raw["hardware"]["cpu"]["threads_per_core"] = {"unknown": "no Thread(s) per core line"}
     raw["profile"]["cpu"]["smt"] = want
     assert doctor.check_smt(raw)["severity"] == severity
 
@@ -542,3 +616,66 @@ def test_governor():
     assert "kernel_tuning_cpufreq_governor: performance" in finding["fix"]
     raw["cpufreq"] = {"stdout": "", "stderr": ""}
     assert doctor.check_governor(raw)["severity"] == "info"
+
+
+# ------------------------------------------------------------------------ engine ISA, passthrough
+
+HARDWARE_FIXTURES = FIXTURES / "hardware"
+
+
+def test_engine_isa_matches_the_cpu():
+    finding = doctor.check_engine_isa(healthy())
+    assert (finding["severity"], finding["title"]) == ("ok", "The engine uses the CPU's vector extensions")
+    assert "n_threads=32 n_threads_batch=32 of 32 logical CPUs" in finding["evidence"]
+
+
+def test_engine_built_without_avx512_on_a_zen4_host_is_a_warning():
+    raw = healthy()
+    # The journal of a service that runs an AVX2-only build; the terminal-wrapped form reads the same.
+    wrapped = (HARDWARE_FIXTURES / "llama-log--ik-perplexity-terminal-wrapped-system-info-64-of-128.txt").read_text()
+    raw["engine_system_info"] = wrapped.splitlines()
+    finding = doctor.check_engine_isa(raw)
+    assert finding["severity"] == "warning"
+    assert finding["title"] == "The engine does not use AVX512, AVX512_VBMI, AVX512_VNNI, AVX512_BF16, which this CPU has"
+    assert "GGML_NATIVE=ON" in finding["fix"]
+
+
+def test_engine_built_for_avx512_on_a_zen3_host_is_critical():
+    raw = healthy()
+    raw["hardware"]["cpu"]["flags"] = [f for f in GENOA_FLAGS if not f.startswith("avx512")]
+    finding = doctor.check_engine_isa(raw)
+    assert finding["severity"] == "critical" and "SIGILL" in finding["fix"]
+    assert finding["title"].startswith("The engine was built for AVX512, AVX512_VBMI")
+
+
+def test_engine_isa_without_a_system_info_line_or_service():
+    raw = healthy()
+    raw["engine_system_info"] = []
+    finding = doctor.check_engine_isa(raw)
+    assert finding["severity"] == "info" and "no system_info line" in finding["evidence"]
+    raw["service"]["show"] = "LoadState=not-found\n"
+    assert doctor.check_engine_isa(raw)["title"].startswith("No engine to compare")
+
+
+def test_gpu_bound_to_vfio_is_passed_through_not_present():
+    raw = healthy()
+    raw["hardware"]["gpus"][0]["driver"] = "vfio-pci"
+    raw["hardware"]["gpus"][0]["vram_mib"] = {"unknown": "nvidia-smi does not list this GPU"}
+    finding = doctor.check_gpu_present(raw)
+    assert finding["severity"] == "critical"
+    assert finding["title"] == "0 of 1 expected GPUs are visible (0000:01:00.0 passed through with vfio-pci)"
+    assert doctor.check_gpu_links(raw)["severity"] == "info"
+
+
+def test_aspm_enabled_on_the_gpu_link_and_pcie_aspm_off_are_warnings():
+    raw = healthy()
+    raw["hardware"]["gpus"][0]["link"]["aspm_enabled"] = ["L1"]
+    finding = doctor.check_aspm(raw)
+    assert (finding["severity"], finding["title"]) == ("warning", "ASPM is enabled on the GPU link(s): 0000:01:00.0")
+    raw["hardware"]["gpus"][0]["link"]["aspm_enabled"] = []
+    raw["hardware"]["pcie_aspm_policy"] = "default"
+    raw["hardware"]["cmdline"] = {"line": "ro pcie_aspm=off", "params": {"pcie_aspm": "off"}, "pcie_aspm": "off",
+                                  "pcie_aspm_policy": "unset"}
+    finding = doctor.check_aspm(raw)
+    assert finding["severity"] == "warning" and "pcie_aspm=off" in finding["title"]
+    assert "pcie_aspm.policy=performance" in finding["fix"]

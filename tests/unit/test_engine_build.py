@@ -1,6 +1,6 @@
 """Unit tests for the engine build roles' Python pieces:
 plugins/filter/llama_build.py (flag derivation, pin check, keys, smoke parsing,
-pruning) and plugins/filter/ktransformers_build.py (guardrails, build plan).
+pruning). KTransformers' filter has its own file: tests/unit/test_ktransformers.py.
 
 CPU flags are /proc/cpuinfo lines of the seed CPUs (EPYC 9374F Zen 4, EPYC 7B13 Zen 3) and of this
 bed's Xeon; profiles are the inventories' hardware.yml files, read from disk.
@@ -22,7 +22,6 @@ def _load(name, path):
 
 
 lb = _load("llama_build_filters", "plugins/filter/llama_build.py")
-kt = _load("ktransformers_build_filters", "plugins/filter/ktransformers_build.py")
 
 
 def _yaml(path):
@@ -35,7 +34,6 @@ def _profile(path):
 
 
 LLAMA_DEFAULTS = _yaml("roles/llama_build/defaults/main.yml")
-KT_DEFAULTS = _yaml("roles/ktransformers_build/defaults/main.yml")
 RULES = LLAMA_DEFAULTS["llama_build_cmake_rules"]
 FLAG_TABLE = LLAMA_DEFAULTS["llama_build_engine_flags"]
 
@@ -300,116 +298,3 @@ def test_prune_keeps_the_newest_and_the_protected():
     assert lb.builds_to_prune(builds, 3, ["a"]) == ["b"]
     assert lb.builds_to_prune(builds, 0) == ["a", "b", "c", "d"]
     assert lb.builds_to_prune({"x": 1}, 3) == []
-
-
-# --- KTransformers guardrails and build plan ------------------------------------------------------
-
-def kt_request(**kwargs):
-    request = {"version": KT_DEFAULTS["ktransformers_build_version"],
-               "commit": KT_DEFAULTS["ktransformers_build_commit"],
-               "allow_unpinned": False, "profile": GENOA_4090, "model_arch": "deepseek_v3",
-               "cuda_version": "12.8", "cuda_home": "/usr/local/cuda"}
-    request.update(kwargs)
-    return request
-
-
-def test_kt_default_pin_on_genoa_4090_passes():
-    assert KT_DEFAULTS["ktransformers_build_version"] == "v0.2.4post1"
-    assert KT_DEFAULTS["ktransformers_build_commit"] == "6617549de0d1f40b0e9254105be7dcc11bf97de5"
-    assert kt.guardrails(kt_request()) == []
-    assert kt.guardrails(kt_request(profile=MILAN_4X4090)) == []
-
-
-def test_kt_refuses_qwen3_moe_before_v0_3():
-    reasons = kt.guardrails(kt_request(model_arch="qwen3_moe"))
-    assert len(reasons) == 1 and "Qwen3-MoE" in reasons[0] and "v0.3" in reasons[0]
-    assert kt.guardrails(kt_request(model_arch="qwen3_moe", version="v0.3.2")) == []
-
-
-def test_kt_refuses_sm120_on_0_2_x():
-    reasons = kt.guardrails(kt_request(profile=GENOA_5090))
-    assert len(reasons) == 1 and "sm_120" in reasons[0]
-    assert kt.guardrails(kt_request(profile=GENOA_5090, version="v0.3.2")) == []
-    assert any("12.8" in r for r in kt.guardrails(kt_request(profile=GENOA_5090, version="v0.3.2",
-                                                             cuda_version="12.6")))
-
-
-def test_kt_refuses_a_missing_toolkit_and_a_gpu_less_profile():
-    assert any("no CUDA toolkit" in r for r in kt.guardrails(kt_request(cuda_version="")))
-    assert any("declares none" in r for r in kt.guardrails(kt_request(profile=LAB_TWIN)))
-
-
-def test_kt_refuses_unpinned_and_too_old_versions():
-    assert any("release tag" in r for r in kt.guardrails(kt_request(version="main")))
-    assert any("full 40-character" in r for r in kt.guardrails(kt_request(commit="6617549")))
-    assert kt.guardrails(kt_request(version="main", commit="", allow_unpinned=True)) == []
-    assert any("older than" in r for r in kt.guardrails(kt_request(version="v0.2.1")))
-    assert kt.tag_version("v0.2.4post1") == (0, 2, 4)
-    assert kt.tag_version("v0.3.2") == (0, 3, 2)
-
-
-def kt_plan(**kwargs):
-    request = {"root": "/opt/hmk/engines/ktransformers", "key": "6617549de0d1-00000000",
-               "cuda_home": "/usr/local/cuda", "cuda_version": "12.8", "profile": GENOA_4090,
-               "cpu_flags": ZEN4_FLAGS, "cpu_instruct": "auto", "use_numa": False, "jobs": 32,
-               "torch_table": KT_DEFAULTS["ktransformers_build_torch_table"], "python": "python3"}
-    request.update(kwargs)
-    return kt.build_plan(request)
-
-
-def test_kt_plan_on_genoa():
-    plan = kt_plan()
-    env = plan["env"]
-    assert env["CPU_INSTRUCT"] == "FANCY"
-    assert env["USE_BALANCE_SERVE"] == "1"
-    assert env["KTRANSFORMERS_FORCE_BUILD"] == "TRUE"
-    assert env["TORCH_CUDA_ARCH_LIST"] == "8.9"
-    assert "USE_NUMA" not in env
-    assert env["PATH"].startswith(plan["venv"] + "/bin:")
-    assert plan["venv"] == "/opt/hmk/engines/ktransformers/builds/6617549de0d1-00000000/venv"
-    assert plan["commands"][-1] == ["bash", "install.sh"]
-    assert ["git", "-C", "/opt/hmk/engines/ktransformers/src", "submodule", "update", "--init",
-            "--recursive"] in plan["commands"]
-    torch = plan["commands"][2]
-    assert torch[2] == "torch==2.7.1" and torch[-1] == "https://download.pytorch.org/whl/cu128"
-
-
-def test_kt_plan_on_milan_is_avx2_and_without_numa():
-    plan = kt_plan(profile=MILAN_4X4090, cpu_flags=ZEN3_FLAGS, use_numa=True)
-    assert plan["env"]["CPU_INSTRUCT"] == "AVX2"
-    assert "USE_NUMA" not in plan["env"]   # single socket, NPS1: USE_NUMA must stay undefined
-
-
-def test_kt_use_numa_only_on_multi_node_boxes_and_never_via_extra_env():
-    nps4 = dict(GENOA_4090, cpu=dict(GENOA_4090["cpu"], numa_nodes_per_socket=4))
-    assert kt_plan(profile=nps4, use_numa=True)["env"]["USE_NUMA"] == "1"
-    assert "USE_NUMA" not in kt_plan(profile=nps4, use_numa=False)["env"]
-    with pytest.raises(kt.AnsibleFilterError, match="USE_NUMA"):
-        kt_plan(extra_env={"USE_NUMA": "0"})
-
-
-def test_kt_cpu_instruct_mapping():
-    assert kt.cpu_instruct(ZEN4_FLAGS) == "FANCY"
-    assert kt.cpu_instruct(["avx2", "avx512f", "avx512bw", "avx512vl"]) == "AVX512"
-    assert kt.cpu_instruct(ZEN3_FLAGS) == "AVX2"
-    assert kt.cpu_instruct(GENERIC_FLAGS) == "NATIVE"
-    assert kt.cpu_instruct(ZEN4_FLAGS, "AVX2") == "AVX2"
-    with pytest.raises(kt.AnsibleFilterError):
-        kt.cpu_instruct(ZEN4_FLAGS, "AVX2-512")
-
-
-def test_kt_torch_matches_the_toolkit():
-    table = KT_DEFAULTS["ktransformers_build_torch_table"]
-    assert kt.torch_for_cuda("13.0", table)["index_url"].endswith("cu130")
-    assert kt.torch_for_cuda("12.9", table)["index_url"].endswith("cu128")
-    assert kt.torch_for_cuda("12.6", table)["index_url"].endswith("cu126")
-    with pytest.raises(kt.AnsibleFilterError):
-        kt.torch_for_cuda("11.8", table)
-
-
-def test_kt_key_ignores_its_own_directory_but_follows_the_plan():
-    sha = KT_DEFAULTS["ktransformers_build_commit"]
-    a = kt.build_key(sha, kt_plan(key="pending"))
-    assert a == kt.build_key(sha, kt_plan(key=a))
-    assert a != kt.build_key(sha, kt_plan(key="pending", cpu_instruct="AVX2"))
-    assert a.startswith("6617549de0d1-")

@@ -160,30 +160,6 @@ def test_first_match_wins_order_sends_each_tensor_where_the_plan_says():
     assert svc.rule_buffer(rules, "blk.3.attn_kv_a_mqa.weight") is None
 
 
-def test_ktransformers_r1_on_genoa_4090_passes_both_paths_and_the_balance_serve_backend():
-    accepted = yaml.safe_load((REPO / "roles" / "ktransformers_build" / "defaults" / "main.yml").read_text())[
-        "ktransformers_build_server_flags"]
-    argv = svc.kt_argv({"model_path": "/srv/models/r1", "gguf_path": "/srv/models/r1", "host": "127.0.0.1",
-                        "port": 10002, "cpu_infer": svc.physical_cores(GENOA_FACTS), "cache_lens": 32768,
-                        "max_new_tokens": 4096, "accepted": accepted})
-    assert value(argv, "--model_path") == "/srv/models/r1"
-    assert value(argv, "--gguf_path") == "/srv/models/r1"
-    assert value(argv, "--backend_type") == "balance_serve"
-    assert value(argv, "--cpu_infer") == "32"
-    assert (value(argv, "--cache_lens"), value(argv, "--max_new_tokens")) == ("32768", "4096")
-    assert (value(argv, "--host"), value(argv, "--port")) == ("127.0.0.1", "10002")
-    for invented in ("--tensor-parallel-size", "--prefetch-ahead", "--cpu-offload-ratio", "--api_key"):
-        assert invented not in argv
-
-
-@pytest.mark.parametrize("missing", ["model_path", "gguf_path"])
-def test_ktransformers_without_a_path_is_refused(missing):
-    opts = {"model_path": "/m", "gguf_path": "/m", "cpu_infer": 4}
-    opts[missing] = ""
-    with pytest.raises(svc.AnsibleFilterError, match="--%s" % missing):
-        svc.kt_argv(opts)
-
-
 def test_twin_cpu_only_gets_no_gpu_rule_only_the_harmless_catch_all():
     argv, plan = argv_for(r1_layout(), TWIN, TWIN_FACTS)
     assert plan["gpus"] == [] and plan["gpu_layer_count"] == 0

@@ -126,8 +126,11 @@ def test_check_gguf_accepts_the_catalog_and_names_each_mismatch(store):
 def test_catalog_tiny_models_are_complete_and_big_ones_demand_hashes():
     cat = catalog()
     assert hmk.validate_catalog(cat, ["tiny-qwen3moe", "tiny-deepseek2"]) == []
+    problems = hmk.validate_catalog(cat, ["deepseek-r1-671b-q4_k_m"])
+    assert any("DeepSeek-R1-Q4_K_M-00001-of-00009.gguf has no sha256" in p and "manifest" in p for p in problems)
+    # Qwen's splits carry the pinned revision's hashes; its HF files still wait for the lock
     problems = hmk.validate_catalog(cat, ["qwen3-235b-a22b-q4_k_m"])
-    assert any("Qwen3-235B-A22B-Q4_K_M-00001-of-00005.gguf has no sha256" in p and "manifest" in p for p in problems)
+    assert not any(".gguf" in p for p in problems)
     assert any("tokenizer.json has no size" in p for p in problems)
     assert hmk.validate_catalog(cat, ["qwen3-235b-a22b-q4_k_m"], require_hashes=False) == []
 
@@ -329,11 +332,15 @@ def test_curl_writes_the_partial_and_the_hash_follows_it_as_it_grows(tmp_path):
     assert hasher.position == 5 + 40 * 997
 
 
-def test_redirects_are_refused_unless_allowed():
+def test_redirects_are_refused_unless_allowed_and_never_downgrade():
     argv = hmk.curl_command("http://store/x", 0, False)
     assert argv[argv.index("--max-redirs") + 1] == "0"
-    allowed = hmk.curl_command("http://store/x", 0, True)
-    assert allowed[allowed.index("--max-redirs") + 1] == "5" and "=https" in allowed
+    allowed = hmk.curl_command("https://store/x", 0, True)
+    assert allowed[allowed.index("--max-redirs") + 1] == "5"
+    assert allowed[allowed.index("--proto-redir") + 1] == "=https"
+    # from a plain-http store (a LAN mirror, the Hub stand-in) there is nothing to downgrade
+    plain = hmk.curl_command("http://store/x", 0, True)
+    assert plain[plain.index("--proto-redir") + 1] == "=http,https"
     assert argv[argv.index("--noproxy") + 1] == "*" and argv[argv.index("--proto") + 1] == "=http,https"
 
 

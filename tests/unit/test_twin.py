@@ -69,6 +69,29 @@ def test_topology_smt_and_numa():
     assert "dist,src=0,dst=1,val=12" in joined
 
 
+def test_topology_memory_only_nodes_have_memory_and_no_cpus():
+    args = twin.cpu_topology(cpus=2, threads=1, numa=1, memory_mb=1536, memory_only=1, memory_only_mb=512)
+    assert args[:4] == ["-smp", "2,sockets=1,cores=2,threads=1", "-m", "2048"]  # the expander's memory on top
+    numa = [args[i + 1] for i, a in enumerate(args) if a == "-numa"]
+    assert numa[:2] == ["node,nodeid=0,cpus=0-1,memdev=m0", "node,nodeid=1,memdev=m1"]
+    assert "memory-backend-ram,id=m1,size=512M" in args and "memory-backend-ram,id=m0,size=1536M" in args
+    assert numa[2:] == ["dist,src=0,dst=1,val=20", "dist,src=1,dst=0,val=20"]
+
+
+def test_topology_memory_only_nodes_beside_two_cpu_nodes():
+    numa = [a for a in twin.cpu_topology(cpus=4, threads=2, numa=2, memory_mb=2048, memory_only=2)
+            if a.startswith(("node,", "dist,"))]
+    assert [n for n in numa if n.startswith("node,")] == [
+        "node,nodeid=0,cpus=0-1,memdev=m0", "node,nodeid=1,cpus=2-3,memdev=m1",
+        "node,nodeid=2,memdev=m2", "node,nodeid=3,memdev=m3"]
+    assert "dist,src=0,dst=1,val=12" in numa and "dist,src=1,dst=2,val=20" in numa and "dist,src=3,dst=2,val=20" in numa
+
+
+def test_topology_rejects_a_too_small_memory_only_node():
+    with pytest.raises(twin.TwinError, match="--memory-only-node-mb"):
+        twin.cpu_topology(cpus=2, threads=1, numa=1, memory_mb=1024, memory_only=1, memory_only_mb=64)
+
+
 def test_topology_single_node_has_no_numa_args():
     args = twin.cpu_topology(cpus=2, threads=1, numa=1, memory_mb=1024)
     assert "-numa" not in args

@@ -152,12 +152,15 @@ def test_rapl_energy_sums_packages_and_passes_reasons_through():
 
 
 def test_gpu_energy_averages_each_board_then_sums_them():
-    samples = [{"gpu": 0, "watts": 300.0}, {"gpu": 1, "watts": 100.0}, {"gpu": 0, "watts": 340.0},
-               {"gpu": 1, "watts": 120.0}]
-    result = val.gpu_energy({"available": True, "samples": samples}, 2.0)
+    raw = "0, 300.00\n1, 100.00\n0, 340.00\n1, 120.00\n1, [N/A]\n"  # nvidia-smi --format=csv,noheader,nounits
+    result = val.gpu_energy({"available": True, "raw": raw, "stderr": ""}, 2.0)
     assert result["average_watts"] == 430.0
     assert result["joules"] == 860.0
     assert result["per_gpu_average_watts"] == {"0": 320.0, "1": 110.0}
+    failed = val.gpu_energy({"available": True, "raw": "", "stderr": "Failed to initialize NVML: Driver/library "
+                             "version mismatch\n"}, 2.0)
+    assert failed == {"available": False, "reason": "nvidia-smi gave no power.draw sample: Failed to initialize NVML: "
+                      "Driver/library version mismatch"}
 
 
 def test_tokens_per_joule_uses_the_known_sources_and_says_which():
@@ -298,7 +301,7 @@ def test_a_full_report_on_genoa_has_every_field_filled_and_the_seed_beside_it():
               "rapl": {"available": True, "seconds": 60.0, "domains": [
                   {"zone": "intel-rapl:0", "name": "package-0", "energy_uj": 0, "energy_uj_after": 18_000_000_000,
                    "max_energy_range_uj": 262143328850}]},
-              "gpu_power": {"available": True, "samples": [{"gpu": 0, "watts": 120.0}, {"gpu": 0, "watts": 140.0}]}}
+              "gpu_power": {"available": True, "raw": "0, 120.0\n0, 140.0\n", "stderr": ""}}
     pp_raw = {"rc": 0, "seconds": 90.0, "command": ["llama-bench"], "bench": [{"n_prompt": 2048, "n_gen": 0, "avg_ts": 280.0, "stddev_ts": 3.0,
                                                    "samples_ts": [277.0, 283.0]}]}
     inputs = {"host": "epyc-node", "hardware": GENOA_4090, "deployment": _deployment(),

@@ -1,7 +1,9 @@
-"""The checklist on a twin laid out as the lab profile wants: the report on the control machine
-says pass with the right observed values, and the VM is exactly as it was before the role ran."""
+"""The checklist on a twin laid out as the lab profile wants, plus a memory-only NUMA node (QEMU `-numa node`
+without cpus): the report on the control machine says pass with the right observed values, NPS counts only the
+node with CPUs, the memory-only node is reported with its size, and the VM is exactly as it was before."""
 import json
 import os
+import re
 
 import pytest
 
@@ -24,7 +26,8 @@ def checks(report):
 def test_report_has_every_check_and_no_failure(report, checks):
     assert report["schema"] == "hmk-preflight/1" and report["host"] == "bios-pass"
     assert report["profile"] == "lab-twin"
-    for check_id in ("numa_nodes_per_socket", "smt_disabled", "memory_channels_populated", "memory_speed",
+    for check_id in ("platform", "numa_nodes_per_socket", "numa_memory_only_nodes", "numa_memoryless_cpu_nodes",
+                     "numa_memory_placement", "smt_disabled", "memory_channels_populated", "memory_speed",
                      "numa_balancing_disabled", "pcie_aspm_policy", "gpu_present", "gpu_pcie_link", "gpu_vram",
                      "cpu_isa", "secure_boot", "model_disk_space"):
         assert checks[check_id]["status"] in ("pass", "warn"), check_id
@@ -35,6 +38,24 @@ def test_report_has_every_check_and_no_failure(report, checks):
 def test_one_numa_node_per_socket(checks):
     assert checks["numa_nodes_per_socket"]["status"] == "pass"
     assert checks["numa_nodes_per_socket"]["observed"] == 1
+
+
+def test_the_memory_only_node_is_seen_and_reported_not_counted_as_nps(checks, report):
+    nodes = report["hardware"]["numa"]["nodes"]
+    assert report["hardware"]["numa"]["source"] == "sysfs" and sorted(nodes) == ["0", "1"]
+    assert nodes["1"]["cpus"] == "" and 400 < nodes["1"]["size_mb"] <= 512  # QEMU's 512 MiB, less kernel tables
+    assert nodes["0"]["cpus"] == "0-1" and nodes["0"]["packages"] == [0] and nodes["1"]["packages"] == []
+    only = checks["numa_memory_only_nodes"]
+    assert only["status"] == "warn" and re.match(r"^node 1: 0\.\d GB, no CPU$", only["observed"])
+    assert "--membind=0" in only["remedy"]
+    assert checks["numa_memoryless_cpu_nodes"]["status"] == "pass"
+    assert checks["numa_memory_placement"]["status"] == "pass"  # one node with CPUs
+
+
+def test_the_twin_is_judged_as_the_bare_metal_it_stands_in_for(checks, report):
+    platform = report["hardware"]["platform"]
+    assert (platform["kind"], platform["detected"]) == ("bare_metal", "virtual")
+    assert checks["platform"]["status"] == "pass" and "a hypervisor was detected" in checks["platform"]["observed"]
 
 
 def test_smt_off(checks, report):

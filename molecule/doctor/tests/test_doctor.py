@@ -31,8 +31,9 @@ def test_report_header_and_every_check(report, findings):
     assert report["schema"] == "hmk-doctor/1" and report["host"] == "doctor-node"
     assert report["profile"] == "lab-twin" and report["service"] == "hmk-inference.service"
     ids = {f["id"] for f in findings}
-    assert ids == {"service_state", "engine_flags", "engine_errors", "nvidia_driver", "gpu_present",
-                   "numa_balancing", "numa_nodes_per_socket", "memory_channels", "smt", "model_page_cache",
+    assert ids == {"service_state", "engine_flags", "engine_errors", "nvidia_driver", "engine_isa", "platform",
+                   "gpu_present", "numa_balancing", "numa_nodes_per_socket", "numa_memoryless_cpu_nodes",
+                   "numa_memory_only_nodes", "numa_memory_placement", "memory_channels", "smt", "model_page_cache",
                    "gpu_pcie_link", "pcie_aspm", "cpu_governor"}
     for f in findings:
         assert f["severity"] in SEVERITIES and f["title"] and f["fix"] and str(f["evidence"]), f
@@ -70,6 +71,15 @@ def test_no_gpu_is_info_not_failure(findings):
     driver = by_id(findings, "nvidia_driver")[0]
     assert driver["severity"] == "info" and "no /proc/driver/nvidia/version" in driver["evidence"]
     assert by_id(findings, "gpu_pcie_link")[0]["severity"] == "info"
+
+
+def test_hardware_findings_come_from_the_shared_judges(findings):
+    # The refusing stand-in never printed a system_info line: the comparison says so instead of guessing.
+    isa = by_id(findings, "engine_isa")[0]
+    assert isa["severity"] == "info" and "no system_info line" in isa["evidence"]
+    # The lab profile declares the twin bare metal: judged as the node it stands in for.
+    assert by_id(findings, "platform")[0]["severity"] == "ok"
+    assert by_id(findings, "numa_memory_only_nodes")[0]["severity"] in ("ok", "warning")
 
 
 def test_model_is_measured(findings):

@@ -1,0 +1,261 @@
+"""The gateway in front of two serving twins, checked from a client on the host's loopback and from the twins.
+
+side_effect left the outcomes of its two events in the scenario's directory: load-health.jsonl and
+health-event.json (gw-node-a's service stopped under load), load-upgrade.jsonl and upgrade-run.json (the rolling
+upgrade under load); each load line is one client request (start, end, status, ok, error).
+"""
+import json
+import os
+import re
+import ssl
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import testinfra
+
+SCRATCH = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"])
+URL = "https://127.0.0.1:18591"
+NODES = {"gw-node-a": 18593, "gw-node-b": 18594}
+NODE_KEY = "hmk-test-node-key-5c1f0e9a7b3d"
+ALICE = "hmk-test-alice-key-4f8e21d0"
+BOB = "hmk-test-bob-key-9a3c67e2b1"
+LOAD = "hmk-test-load-key-e07d2c55a9"
+GOOD = "673cdf269c6fcefdfa05fc9e03e25fc23ba3338b"
+# The role's defaults: a check every 2 s, out after 2 failures.
+CHECK_INTERVAL, CHECK_FALL = 2, 2
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    inventory = os.environ["MOLECULE_INVENTORY_FILE"]
+    return {name: testinfra.get_host("ansible://" + name, ansible_inventory=inventory)
+            for name in ["gw-gateway"] + list(NODES)}
+
+
+@pytest.fixture(scope="module")
+def tls():
+    return ssl.create_default_context(cafile=str(SCRATCH / "reports" / "gw-gateway" / "gateway-cert.pem"))
+
+
+def request(tls, path, key=None, body=None, headers=None, url=URL):
+    req = urllib.request.Request(url + path, data=json.dumps(body).encode() if body is not None else None,
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    if key:
+        req.add_header("Authorization", "Bearer " + key)
+    try:
+        with urllib.request.urlopen(req, timeout=120, context=tls if url.startswith("https") else None) as r:
+            return r.status, r.headers, r.read().decode()
+    except urllib.error.HTTPError as e:
+        # The headers as an HTTPMessage: names match whatever their case (HAProxy sends them in lower case).
+        return e.code, e.headers, e.read().decode()
+
+
+def chat(tls, key=ALICE, stream=False):
+    return request(tls, "/v1/chat/completions", key,
+                   {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 8, "stream": stream})
+
+
+def haproxy_log(gateway):
+    """The gateway's journal lines from HAProxy with their time (seconds since the epoch)."""
+    out = gateway.check_output("journalctl -t haproxy -o json --no-pager")
+    return [(int(e["__REALTIME_TIMESTAMP"]) / 1e6, e["MESSAGE"]) for e in map(json.loads, out.splitlines())
+            if isinstance(e.get("MESSAGE"), str)]
+
+
+def load(name):
+    return [json.loads(line) for line in (SCRATCH / name).read_text().splitlines() if line]
+
+
+def metric(port, name):
+    _, _, text = request(None, "/metrics", NODE_KEY, url="http://127.0.0.1:%d" % port)
+    values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ")]
+    assert values, "no %s in the node's /metrics" % name
+    return values[0]
+
+
+# ---------------------------------------------------------------------------------------------- the collection
+
+def test_gateway_was_converged_from_the_installed_tarball():
+    tarballs = list((SCRATCH / "collection").glob("hmk-moe_kit-*.tar.gz"))
+    assert len(tarballs) == 1
+    installed = SCRATCH / "installed" / "ansible_collections" / "hmk" / "moe_kit"
+    for path in ("playbooks/gateway.yml", "playbooks/upgrade.yml", "roles/gateway/tasks/main.yml",
+                 "plugins/modules/hmk_haproxy_server.py", "plugins/filter/gateway.py", "MANIFEST.json"):
+        assert (installed / path).is_file(), path
+    # build_ignore kept the repository's test bed and local state out of the release.
+    for path in ("molecule", "tests", ".collections", ".venv", "Makefile", "inventories/lab"):
+        assert not (installed / path).exists(), path
+    first = (SCRATCH / "gateway-run-first.log").read_text()
+    second = (SCRATCH / "gateway-run-second.log").read_text()
+    assert re.search(r"gw-gateway\s+: ok=\d+\s+changed=[1-9]", first)
+    assert re.search(r"gw-gateway\s+: ok=\d+\s+changed=0\s+unreachable=0\s+failed=0", second)
+    # The role's tasks came from the installed copy.
+    assert "TASK [hmk.moe_kit.gateway : HAProxy's configuration fronts the serving nodes" in first
+
+
+# --------------------------------------------------------------------------------------------------- clients
+
+def test_requests_through_the_gateway_reach_both_nodes(hosts, tls):
+    before = {n: metric(p, "llamacpp:tokens_predicted_total") for n, p in NODES.items()}
+    since = time.time()
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda _: chat(tls), range(8)))
+    assert [s for s, _, _ in results] == [200] * 8
+    assert all(json.loads(b)["choices"][0]["message"]["content"] is not None for _, _, b in results)
+    # Each node generated tokens for some of them (the nodes' own counters)...
+    after = {n: metric(p, "llamacpp:tokens_predicted_total") for n, p in NODES.items()}
+    assert all(after[n] > before[n] for n in NODES), (before, after)
+    # ...and the gateway's log names both as servers of alice's requests.
+    served = {m.split()[3].split("/")[1] for t, m in haproxy_log(hosts["gw-gateway"])
+              if t >= since - 1 and "client=alice POST" in m}
+    assert served == set(NODES), served
+
+
+def test_a_client_without_a_valid_key_gets_401_from_the_gateway(hosts, tls):
+    since = time.time()
+    for key in (None, "not-a-client-key-at-all", NODE_KEY):
+        status, headers, body = chat(tls, key=key)
+        assert status == 401, (key, status, body)
+        assert json.loads(body)["error"]["type"] == "authentication_error"
+        assert headers.get("WWW-Authenticate") == "Bearer"
+    # No node saw them: the gateway answered (no server in the log line).
+    lines = [m for t, m in haproxy_log(hosts["gw-gateway"]) if t >= since - 1 and " 401 " in m]
+    assert len(lines) == 3 and all("<NOSRV>" in m for m in lines), lines
+
+
+def test_a_client_keys_rate_limit_answers_429(tls):
+    # bob may send 5 requests a minute (molecule.yml); models is the cheapest path that reaches a node.
+    statuses = [request(tls, "/v1/models", BOB)[0] for _ in range(7)]
+    assert statuses[:5] == [200] * 5 and statuses[5:] == [429, 429], statuses
+    status, headers, body = request(tls, "/v1/models", BOB)
+    assert status == 429 and headers.get("Retry-After") == "60"
+    assert json.loads(body)["error"]["type"] == "rate_limit_error"
+    # alice's own budget is untouched by bob's.
+    assert request(tls, "/v1/models", ALICE)[0] == 200
+
+
+def test_streaming_passes_through_as_server_sent_events(tls):
+    req = urllib.request.Request(URL + "/v1/chat/completions", headers={
+        "Content-Type": "application/json", "Authorization": "Bearer " + ALICE},
+        data=json.dumps({"messages": [{"role": "user", "content": "hello"}], "max_tokens": 16,
+                         "stream": True}).encode())
+    with urllib.request.urlopen(req, timeout=120, context=tls) as r:
+        assert r.headers["Content-Type"].startswith("text/event-stream")
+        lines = [raw.decode().strip() for raw in r]
+    data = [line for line in lines if line.startswith("data: ")]
+    assert data[-1] == "data: [DONE]"
+    chunks = [json.loads(line[6:]) for line in data[:-1]]
+    assert len(chunks) > 1 and all(c["object"] == "chat.completion.chunk" for c in chunks)
+
+
+def test_openai_paths_pass_through_and_node_internals_do_not(tls):
+    status, _, body = request(tls, "/v1/models", ALICE)
+    assert status == 200 and json.loads(body)["data"][0]["id"]
+    status, _, body = request(tls, "/v1/completions", ALICE, {"prompt": "The capital of France is", "max_tokens": 4})
+    assert status == 200 and json.loads(body)["choices"]
+    for path in ("/metrics", "/slots", "/slots/list"):
+        assert request(tls, path, ALICE)[0] == 404, path
+    # The gateway's own readiness needs no key, like the engine's.
+    status, _, body = request(tls, "/health")
+    assert status == 200 and json.loads(body)["status"] == "ok"
+
+
+def test_keys_stay_off_the_gateways_config_and_log(hosts):
+    gw = hosts["gw-gateway"]
+    config = gw.file("/etc/haproxy/haproxy.cfg").content_string
+    journal = gw.check_output("journalctl --no-pager -o cat")
+    for secret in (NODE_KEY, ALICE, BOB, LOAD):
+        assert secret not in config and secret not in journal
+    # The client keys are stored as sha256 only; the node key in a root-only map.
+    for path in ("/etc/haproxy/hmk/clients.map", "/etc/haproxy/hmk/backend-key.map", "/etc/haproxy/hmk/tls/gateway.pem.key"):
+        f = gw.file(path)
+        assert (f.user, f.group, f.mode) == ("root", "root", 0o600), path
+    clients = gw.file("/etc/haproxy/hmk/clients.map").content_string
+    assert ALICE not in clients and re.fullmatch(r"([0-9a-f]{64} \w+\n)+", clients)
+    assert gw.file("/etc/haproxy/hmk/backend-key.map").content_string == "hmk_nodes %s\n" % NODE_KEY
+    # The log names the client, never its key.
+    assert "client=alice" in journal
+
+
+def test_haproxy_is_debians_and_balances_by_least_connections_one_per_slot(hosts):
+    gw = hosts["gw-gateway"]
+    assert gw.package("haproxy").is_installed and gw.package("haproxy").version.startswith("2.6")
+    config = gw.file("/etc/haproxy/haproxy.cfg").content_string
+    assert "balance leastconn" in config
+    for name, port in NODES.items():
+        # ik_llama.cpp's default of one slot (no -np in the lab): one request at a time per node, the rest queued.
+        assert "server %s 127.0.0.1:%d maxconn 1" % (name, port) in config
+    assert gw.service("haproxy").is_running and gw.service("haproxy").is_enabled
+
+
+# ------------------------------------------------------------------------------------ events under load
+
+def test_a_stopped_node_leaves_rotation_within_the_health_check_and_no_request_fails_after(hosts):
+    event = json.loads((SCRATCH / "health-event.json").read_text())
+    # When systemd began stopping the service (its journal), not when the controller asked: under load the task
+    # that stops it takes seconds of its own.
+    journal = hosts["gw-node-a"].check_output("journalctl -u hmk-inference.service -o json --no-pager")
+    stops = [int(e["__REALTIME_TIMESTAMP"]) / 1e6 for e in map(json.loads, journal.splitlines())
+             if str(e.get("MESSAGE", "")).startswith("Stopping") and int(e["__REALTIME_TIMESTAMP"]) / 1e6
+             >= event["stopped_at"] - 1]
+    assert stops, "no Stopping line for hmk-inference on gw-node-a after the side effect stopped it"
+    stopped = stops[0]
+    down = [t for t, m in haproxy_log(hosts["gw-gateway"])
+            if t >= stopped and re.match(r"Server hmk_nodes/gw-node-a is DOWN", m)]
+    assert down, "HAProxy never logged gw-node-a DOWN"
+    detected = down[0] - stopped
+    # Out within fall checks, the first one at most one interval away (or at once, on a refused request).
+    assert detected <= (CHECK_FALL + 1) * CHECK_INTERVAL, detected
+    requests = load("load-health.jsonl")
+    after = [r for r in requests if r["start"] >= down[0]]
+    assert len(after) >= 5, "too little load after the node left to judge"
+    assert [r for r in after if not r["ok"]] == []
+    # While gw-node-a was down, the gateway sent everything to gw-node-b.
+    restored = [t for t, m in haproxy_log(hosts["gw-gateway"]) if t > down[0] and "gw-node-a is UP" in m]
+    window = [m for t, m in haproxy_log(hosts["gw-gateway"])
+              if down[0] < t < (restored[0] if restored else time.time()) and "client=load POST" in m]
+    assert window and all("hmk_nodes/gw-node-b " in m for m in window)
+    # Reported for the record: requests in flight on gw-node-a when it stopped may have failed before detection.
+    print("health event: detected after %.2f s; %d requests, %d failed before detection, 0 after" % (
+        detected, len(requests), sum(1 for r in requests if not r["ok"])))
+
+
+def test_the_rolling_upgrade_drains_and_restores_each_node_with_no_failed_request(hosts):
+    run = json.loads((SCRATCH / "upgrade-run.json").read_text())
+    assert run["rc"] == 0, (run["stdout"] + run["stderr"])[-4000:]
+    requests = load("load-upgrade.jsonl")
+    failed = [r for r in requests if not r["ok"]]
+    assert failed == [], failed[:5]
+    assert len(requests) >= 10
+    log = haproxy_log(hosts["gw-gateway"])
+    start = min(r["start"] for r in requests)
+    events = [(t, m) for t, m in log if t >= start and re.match(
+        r"Server hmk_nodes/gw-node-[ab] (enters drain state|is going DOWN for maintenance|is UP/READY)", m)]
+    order = [re.match(r"Server hmk_nodes/(gw-node-[ab]) (enters drain|is going DOWN|is UP/READY)", m).groups()
+             for _, m in events]
+    # One node at a time: a drained, in maintenance, back; only then b.
+    assert order == [("gw-node-a", "enters drain"), ("gw-node-a", "is going DOWN"), ("gw-node-a", "is UP/READY"),
+                     ("gw-node-b", "enters drain"), ("gw-node-b", "is going DOWN"), ("gw-node-b", "is UP/READY")], order
+    # While a node was out, every request went to the other one.
+    for node, other in (("gw-node-a", "gw-node-b"), ("gw-node-b", "gw-node-a")):
+        out_t = [t for t, m in events if m.startswith("Server hmk_nodes/%s is going DOWN" % node)][0]
+        back_t = [t for t, m in events if m.startswith("Server hmk_nodes/%s is UP/READY" % node)][0]
+        served = {m.split()[3] for t, m in log if out_t < t < back_t and "client=load POST" in m}
+        assert served and served <= {"hmk_nodes/" + other}, (node, served)
+    print("upgrade: %d requests through the gateway, 0 failed" % len(requests))
+
+
+def test_both_nodes_serve_the_new_build_after_the_upgrade(hosts):
+    for name in NODES:
+        current = hosts[name].file("/opt/hmk/engines/ik_llama.cpp/current").linked_to
+        assert os.path.basename(current).startswith(GOOD[:12] + "-"), (name, current)
+        assert hosts[name].service("hmk-inference").is_running
+    status = hosts["gw-gateway"].check_output(
+        "python3 -c \"import socket; s=socket.socket(socket.AF_UNIX); s.connect('/run/haproxy/admin.sock'); "
+        "s.sendall(b'show stat\\n'); print(s.makefile().read())\"")
+    rows = {line.split(",")[1]: line.split(",")[17] for line in status.splitlines() if line.startswith("hmk_nodes,gw-")}
+    assert rows == {"gw-node-a": "UP", "gw-node-b": "UP"}, rows

@@ -1,0 +1,175 @@
+# -*- coding: utf-8 -*-
+"""The gateway role's inputs turned into what HAProxy reads, as plain functions with unit tests.
+
+- gateway_servers: one backend server per serving node of the group, from the node's own inventory (the address
+  and port its service listens on, its parallel slots), checked before anything is written;
+- gateway_backend_key: the one API key the nodes share, which the gateway adds to every request it forwards;
+- gateway_client_map / gateway_limit_map: the client keys, stored only as sha256, and each client's request rate.
+
+tests/unit/test_gateway.py imports this file directly.
+"""
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import hashlib
+import re
+
+try:
+    from ansible.errors import AnsibleFilterError
+except ImportError:  # imported without Ansible (unit tests in a bare interpreter)
+    AnsibleFilterError = ValueError
+
+# HAProxy's identifiers (proxy and server names) take letters, digits, '-', '_', '.' and ':'.
+NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]+$")
+CLIENT_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+WILDCARD = ("0.0.0.0", "::", "")
+# The engine's default parallel slots at the pinned ik_llama.cpp (common.h: n_parallel = 1).
+ENGINE_DEFAULT_SLOTS = 1
+MIN_KEY_LENGTH = 16
+
+
+def _fail(msg):
+    raise AnsibleFilterError(msg)
+
+
+def _get(node, key, default=None):
+    value = node.get(key) if hasattr(node, "get") else None
+    return default if value is None else value
+
+
+def gateway_servers(nodes, names):
+    """Backend servers for HAProxy, one per node, in inventory order.
+
+    nodes: each node's variables (hostvars[name]), names: the inventory names in the same order.
+    address: gateway_node_address, else the address the service binds (inference_service_host) unless it is a
+    wildcard, else ansible_host, else the name. port: gateway_node_port, else inference_service_port, else 8080.
+    slots (HAProxy maxconn per server): gateway_node_slots, else inference_service_parallel when set, else the
+    engine's default (1): HAProxy queues what the node cannot start at once, so the next free slot of any node
+    takes it.
+    """
+    nodes, names = list(nodes or []), list(names or [])
+    if len(nodes) != len(names):
+        _fail("gateway_servers: %d node variable sets for %d names" % (len(nodes), len(names)))
+    if not names:
+        _fail("The gateway's backend group has no hosts: nothing to balance over")
+    servers, seen = [], set()
+    for name, node in zip(names, nodes):
+        if not NAME_RE.match(name):
+            _fail("Inventory name %r cannot name an HAProxy server (letters, digits, - _ . : only)" % name)
+        bind = str(_get(node, "inference_service_host", "127.0.0.1"))
+        address = _get(node, "gateway_node_address")
+        if address is None:
+            address = bind if bind not in WILDCARD else _get(node, "ansible_host", name)
+        address = str(address)
+        if not address or any(c in address for c in " \t\n#"):
+            _fail("%s: gateway_node_address %r is not an address" % (name, address))
+        port = _get(node, "gateway_node_port", _get(node, "inference_service_port", 8080))
+        try:
+            port = int(port)
+        except (TypeError, ValueError):
+            _fail("%s: port %r is not a number" % (name, port))
+        if not 0 < port < 65536:
+            _fail("%s: port %d is out of range" % (name, port))
+        slots = _get(node, "gateway_node_slots")
+        if slots is None:
+            parallel = int(_get(node, "inference_service_parallel", 0) or 0)
+            slots = parallel if parallel > 0 else ENGINE_DEFAULT_SLOTS
+        slots = int(slots)
+        if slots < 1:
+            _fail("%s: gateway_node_slots must be at least 1, got %d" % (name, slots))
+        if (address, port) in seen:
+            _fail("%s: another node of the group already serves on %s:%d" % (name, address, port))
+        seen.add((address, port))
+        servers.append({"name": name, "address": address, "port": port, "slots": slots})
+    return servers
+
+
+def gateway_backend_key(nodes, names):
+    """The API key every node of the group requires (inference_service_api_key), '' when none does.
+
+    The gateway adds one key to every forwarded request, so the nodes must share it. The message names the
+    nodes, never a key."""
+    keys = {}
+    for name, node in zip(list(names or []), list(nodes or [])):
+        keys.setdefault(str(_get(node, "inference_service_api_key", "") or ""), []).append(name)
+    if len(keys) > 1:
+        groups = sorted(sorted(v) for v in keys.values())
+        _fail("The nodes behind one gateway must share one inference_service_api_key; these groups of nodes "
+              "have different keys: %s" % "; ".join(", ".join(g) for g in groups))
+    key = next(iter(keys), "")
+    if any(c in key for c in " \t\r\n\"'\\"):
+        _fail("inference_service_api_key may not contain spaces, quotes or backslashes (it goes into a header)")
+    return key
+
+
+def _client_hash(client):
+    name = client.get("name", "?")
+    key, digest = client.get("key"), client.get("key_sha256")
+    if (key is None) == (digest is None):
+        _fail("gateway client %s: give exactly one of key (kept in a vault) or key_sha256" % name)
+    if key is not None:
+        key = str(key)
+        if len(key) < MIN_KEY_LENGTH:
+            _fail("gateway client %s: the key is shorter than %d characters" % (name, MIN_KEY_LENGTH))
+        if any(c.isspace() for c in key):
+            _fail("gateway client %s: the key contains whitespace" % name)
+        return hashlib.sha256(key.encode("utf-8")).hexdigest()
+    digest = str(digest).lower()
+    if not SHA256_RE.match(digest):
+        _fail("gateway client %s: key_sha256 must be 64 hexadecimal digits" % name)
+    return digest
+
+
+def gateway_clients_checked(clients, default_rate):
+    """Checks the client list; returns [{name, sha256, requests_per_minute}] in order."""
+    if not clients:
+        _fail("gateway_clients is empty: no client could use the gateway")
+    out, names, hashes = [], set(), set()
+    for client in clients:
+        if not hasattr(client, "get"):
+            _fail("gateway_clients entries are mappings with name and key or key_sha256")
+        name = str(client.get("name", ""))
+        if not CLIENT_RE.match(name):
+            _fail("gateway client name %r: 1-64 letters, digits, '-', '_' or '.'" % name)
+        if name in names:
+            _fail("gateway client %s is listed twice" % name)
+        digest = _client_hash(client)
+        if digest in hashes:
+            _fail("gateway client %s has the same key as another client" % name)
+        rate = client.get("requests_per_minute", default_rate)
+        try:
+            rate = int(rate)
+        except (TypeError, ValueError):
+            _fail("gateway client %s: requests_per_minute %r is not a number" % (name, rate))
+        if rate < 1:
+            _fail("gateway client %s: requests_per_minute must be at least 1" % name)
+        names.add(name)
+        hashes.add(digest)
+        out.append({"name": name, "sha256": digest, "requests_per_minute": rate})
+    return out
+
+
+def gateway_client_map(clients, default_rate):
+    """HAProxy map: sha256 of the key (lower-case hex) -> client name."""
+    return "".join("%s %s\n" % (c["sha256"], c["name"]) for c in gateway_clients_checked(clients, default_rate))
+
+
+def gateway_limit_map(clients, default_rate):
+    """HAProxy map: client name -> requests per minute."""
+    return "".join("%s %d\n" % (c["name"], c["requests_per_minute"])
+                   for c in gateway_clients_checked(clients, default_rate))
+
+
+class FilterModule(object):
+    """Filters of the gateway role."""
+
+    def filters(self):
+        return {
+            "gateway_servers": gateway_servers,
+            "gateway_backend_key": gateway_backend_key,
+            "gateway_clients_checked": gateway_clients_checked,
+            "gateway_client_map": gateway_client_map,
+            "gateway_limit_map": gateway_limit_map,
+        }
