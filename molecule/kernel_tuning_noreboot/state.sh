@@ -9,6 +9,7 @@ set -eu
   done
   echo "aspm $(cat /sys/module/pcie_aspm/parameters/policy 2>/dev/null || true)"
   find /etc/default /etc/sysctl.d /etc/security/limits.d /etc/systemd/system /usr/local/sbin /boot/grub/grub.cfg \
+    /etc/kernel /boot/efi/loader \
     -xdev 2>/dev/null | LC_ALL=C sort | while read -r path; do
     if [ -f "$path" ] && [ ! -L "$path" ]; then
       echo "file $path $(sha256sum < "$path" | cut -d' ' -f1)"

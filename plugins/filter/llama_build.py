@@ -140,8 +140,10 @@ def cmake_args(profile, flags, engine="ik_llama.cpp", commit_date="", options=No
     """The cmake -D arguments for one node, in a stable order.
 
     profile: hmk_hardware; flags: the node's CPU flags; commit_date: YYYY-MM-DD of the pinned commit.
-    options: cuda ("auto" | "enabled" | "disabled"), cuda_version ("13.0"), ccache (bool),
-    iqk_fa_all_quants (bool, ik only), rules (list of per-commit rules, see defaults), extra (list).
+    options: cuda ("auto" | "enabled" | "disabled"), cuda_version ("13.0"), cuda_home (the toolkit
+    the build must use, /usr/local/cuda-X.Y: passed as CMAKE_CUDA_COMPILER and CUDAToolkit_ROOT so
+    that neither nvcc nor cuBLAS comes from another toolkit), ccache (bool), iqk_fa_all_quants (bool,
+    ik only), rules (list of per-commit rules, see defaults), extra (list).
     """
     options = dict(options or {})
     if engine not in ("ik_llama.cpp", "llama.cpp"):
@@ -173,6 +175,9 @@ def cmake_args(profile, flags, engine="ik_llama.cpp", commit_date="", options=No
                 _fail("sm_%s needs CUDA >= %d.%d, the node has %d.%d" % (arch, need[0], need[1],
                                                                          cuda_version[0], cuda_version[1]))
         args += ["-DGGML_CUDA=ON", "-DCMAKE_CUDA_ARCHITECTURES=%s" % archs]
+        cuda_home = str(options.get("cuda_home") or "").rstrip("/")
+        if cuda_home:
+            args += ["-DCMAKE_CUDA_COMPILER=%s/bin/nvcc" % cuda_home, "-DCUDAToolkit_ROOT=%s" % cuda_home]
     else:
         args += ["-DGGML_CUDA=OFF"]
     args += ["-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
@@ -192,19 +197,23 @@ def cmake_args(profile, flags, engine="ik_llama.cpp", commit_date="", options=No
     return args
 
 
-def flags_hash(args, targets=None, engine=""):
-    """8 hex digits identifying the build configuration (cmake args + targets + engine)."""
-    blob = json.dumps({"engine": engine, "args": list(args), "targets": sorted(targets or [])},
-                      sort_keys=True, separators=(",", ":"))
+def flags_hash(args, targets=None, engine="", nvcc=""):
+    """8 hex digits identifying the build configuration (cmake args + targets + engine, and for a
+    CUDA build nvcc's full version: a toolkit update within a series rebuilds). CPU-only keys are
+    the same as before the toolkit joined the key."""
+    config = {"engine": engine, "args": list(args), "targets": sorted(targets or [])}
+    if nvcc:
+        config["nvcc"] = str(nvcc)
+    blob = json.dumps(config, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:8]
 
 
-def build_key(sha, args, targets=None, engine=""):
+def build_key(sha, args, targets=None, engine="", nvcc=""):
     """builds/<sha12>-<flagshash8>: one directory per commit and configuration."""
     sha = str(sha or "").lower()
     if not FULL_SHA.match(sha):
         _fail("build key needs the full 40-character commit SHA, got %r" % sha)
-    return "%s-%s" % (sha[:12], flags_hash(args, targets, engine))
+    return "%s-%s" % (sha[:12], flags_hash(args, targets, engine, nvcc))
 
 
 def is_full_sha(version):

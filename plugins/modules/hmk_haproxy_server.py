@@ -15,7 +15,7 @@ description:
     requests have not ended within C(timeout), the server goes back to the admin state it had and the module fails.
   - C(state=drain) stops new requests and waits the same way, without maintenance.
   - C(state=ready) clears drain and maintenance and waits until a fresh health check has passed (status C(UP),
-    not C(UP 1/2): HAProxy counts a server leaving maintenance as up before it has checked it).
+    not C(UP 1/2)) - HAProxy counts a server leaving maintenance as up before it has checked it.
   - A server whose health check fails can still be drained and put in maintenance (its status stays C(DOWN),
     which C(community.general.haproxy) waits on forever as if it were never drained).
   - Without O(state) it changes nothing and returns the backend's servers.

@@ -11,7 +11,7 @@ short_description: Read the BIOS and hardware facts an inference node depends on
 description:
   - Reads lscpu, /proc/cpuinfo, numactl, dmidecode -t 17, /proc, /sys, mokutil, systemd-detect-virt, lspci and
     nvidia-smi on the node, through the shared parsers of module_utils/hmk_hardware.py.
-  - A fact that cannot be read is C({"unknown": "<reason>"}), never an empty value.
+  - 'A fact that cannot be read is C({"unknown": "<reason>"}), never an empty value.'
   - Judges the facts against the hardware profile (C(hmk_hardware)) and returns one check per item.
   - Only reads; supports check mode and never reports a change.
 options:

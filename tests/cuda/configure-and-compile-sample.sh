@@ -90,17 +90,19 @@ fi
 stamp source "$t"
 
 # The role's flag derivation, for the Genoa + RTX 4090 profile of the production inventory.
-mapfile -t ARGS < <("$PYTHON" - "$KIT" "$nvcc_release" <<'PY'
+mapfile -t ARGS < <("$PYTHON" - "$KIT" "$nvcc_release" "$CUDA_ROOT" <<'PY'
 import importlib.util, sys, yaml
-kit, cuda = sys.argv[1], sys.argv[2]
+kit, cuda, cuda_home = sys.argv[1], sys.argv[2], sys.argv[3]
 spec = importlib.util.spec_from_file_location("lb", kit + "/plugins/filter/llama_build.py")
 lb = importlib.util.module_from_spec(spec); spec.loader.exec_module(lb)
 profile = yaml.safe_load(open(kit + "/inventories/production/group_vars/genoa_1gpu/hardware.yml"))["hmk_hardware"]
 defaults = yaml.safe_load(open(kit + "/roles/llama_build/defaults/main.yml"))
 flags = open("/proc/cpuinfo").read().split("\n\n")[0]
 args = lb.cmake_args(profile, flags, "ik_llama.cpp", "2026-04-13",
-                     {"cuda": "auto", "cuda_version": cuda, "rules": defaults["llama_build_cmake_rules"]})
+                     {"cuda": "auto", "cuda_version": cuda, "cuda_home": cuda_home,
+                      "rules": defaults["llama_build_cmake_rules"]})
 assert "-DGGML_CUDA=ON" in args and "-DCMAKE_CUDA_ARCHITECTURES=89" in args, args
+assert "-DCMAKE_CUDA_COMPILER=%s/bin/nvcc" % cuda_home in args and "-DCUDAToolkit_ROOT=%s" % cuda_home in args, args
 print("\n".join(args))
 PY
 )
@@ -111,10 +113,11 @@ BUILD="$WORK/build-sm89"
 rm -rf "$BUILD"
 export PATH="$CUDA_ROOT/bin:$PATH" CUDACXX="$CUDA_ROOT/bin/nvcc" CUDAToolkit_ROOT="$CUDA_ROOT"
 "$CMAKE" -S "$WORK/src" -B "$BUILD" "${ARGS[@]}" -DGGML_CUDA_NO_VMM=ON -DGGML_CCACHE=OFF \
-  -DCMAKE_CUDA_COMPILER="$CUDA_ROOT/bin/nvcc" > "$BUILD.configure.log" 2>&1 \
+  > "$BUILD.configure.log" 2>&1 \
   || { tail -n 30 "$BUILD.configure.log"; log "configure failed, log: $BUILD.configure.log"; exit 1; }
 grep -q '^CMAKE_CUDA_ARCHITECTURES:[A-Z]*=89$' "$BUILD/CMakeCache.txt"
 grep -q '^GGML_CUDA:BOOL=ON$' "$BUILD/CMakeCache.txt"
+grep -q "^CMAKE_CUDA_COMPILER:[A-Z]*=$CUDA_ROOT/bin/nvcc\$" "$BUILD/CMakeCache.txt"
 stamp configure "$t"
 
 for cu in $SAMPLE_OBJECTS; do

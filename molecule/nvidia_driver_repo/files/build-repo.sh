@@ -2,7 +2,11 @@
 # Builds the local stand-in of NVIDIA's CUDA repository, inside a throwaway twin container (Debian's
 # dpkg-deb, apt-ftparchive and gpg): STAND-IN packages carrying NVIDIA's names and versions, a flat
 # repository like NVIDIA's (Packages + Release at the top, "Suites: /"), an InRelease signed with a
-# throwaway key generated here, that key (key.asc) and its fingerprint (fingerprint).
+# throwaway key generated here, that key (key.asc, and key.gpg in binary as cuda-keyring ships its
+# keyring) and its fingerprint (fingerprint).
+# Two branches are offered, R580 and R595, with the unsuffixed names NVIDIA's Debian repository uses
+# on every branch and its Ubuntu repository from R590, and with NVIDIA's open-ended dependencies
+# (nvidia-open depends on ">=" its version), so without the branch lock apt would pick R595.
 # Usage: build-repo.sh <work dir with this script> ; the repository ends up in <work dir>/repo.
 set -euo pipefail
 work=${1:?work dir}
@@ -39,18 +43,18 @@ stand_in() {
 }
 
 # Branch lock, as NVIDIA's nvidia-driver-pinning-<branch> package does it: an apt preferences file.
-root="$pkgs/nvidia-driver-pinning-570_570.124.06-1"
+root="$pkgs/nvidia-driver-pinning-580_580-1"
 mkdir -p "$root/etc/apt/preferences.d"
-cat > "$root/etc/apt/preferences.d/nvidia-driver-pinning-570" <<'PREF'
+cat > "$root/etc/apt/preferences.d/nvidia-driver-pinning-580" <<'PREF'
 # STAND-IN of NVIDIA's branch pin (hybrid-moe-kit test)
 Package: nvidia-* libnvidia-* cuda-drivers*
-Pin: version 570.*
+Pin: version 580.*
 Pin-Priority: 1000
 PREF
-stand_in nvidia-driver-pinning-570 570.124.06-1 all "" "Pins the NVIDIA driver packages to branch 570."
+stand_in nvidia-driver-pinning-580 580-1 all "" "Pins the NVIDIA driver packages to branch 580."
 
 # A kernel module DKMS really builds (it does nothing but log that it is a stand-in).
-for version in 570.124.06 575.51.03; do
+for version in 580.95.05 595.71.05; do
   root="$pkgs/nvidia-kernel-open-dkms_${version}-1"
   src="$root/usr/src/nvidia-$version"
   mkdir -p "$src" "$root/DEBIAN"
@@ -91,12 +95,12 @@ PRERM
   stand_in nvidia-kernel-open-dkms "${version}-1" all "dkms" "Open kernel module source for DKMS ($version)."
   stand_in libnvidia-compute "${version}-1" amd64 "" "Compute libraries ($version)."
   stand_in nvidia-open "${version}-1" amd64 \
-    "nvidia-kernel-open-dkms (= ${version}-1), libnvidia-compute (= ${version}-1), nvidia-persistenced" \
+    "nvidia-kernel-open-dkms (>= ${version}), libnvidia-compute (>= ${version}), nvidia-persistenced" \
     "Metapackage of the open-module driver ($version)."
 done
 
 # Persistence daemon with a unit the role enables; it cannot run without a GPU.
-root="$pkgs/nvidia-persistenced_570.124.06-1"
+root="$pkgs/nvidia-persistenced_580.95.05-1"
 mkdir -p "$root/usr/bin" "$root/lib/systemd/system"
 printf '#!/bin/sh\necho "hybrid-moe-kit STAND-IN nvidia-persistenced: no GPU here" >&2\nexit 1\n' > "$root/usr/bin/nvidia-persistenced"
 chmod 0755 "$root/usr/bin/nvidia-persistenced"
@@ -111,7 +115,7 @@ ExecStart=/usr/bin/nvidia-persistenced
 [Install]
 WantedBy=multi-user.target
 UNIT
-stand_in nvidia-persistenced 570.124.06-1 amd64 "" "Persistence daemon."
+stand_in nvidia-persistenced 580.95.05-1 amd64 "" "Persistence daemon."
 
 # Toolkit whose nvcc answers --version the way NVIDIA's does for 12.8 Update 1.
 root="$pkgs/cuda-toolkit-12-8_12.8.1-1"
@@ -139,6 +143,7 @@ gpg --batch --quiet --pinentry-mode loopback --passphrase '' \
   --quick-gen-key 'hybrid-moe-kit throwaway repository key <repo@hybrid-moe-kit.invalid>' rsa3072 sign 1d
 gpg --batch --quiet --clearsign --digest-algo SHA256 -o InRelease Release
 gpg --batch --armor --export > key.asc
+gpg --batch --export > key.gpg
 gpg --batch --with-colons --list-keys | awk -F: '$1 == "fpr" {print $10; exit}' > fingerprint
 gpgconf --kill gpg-agent
 chmod -R a+rX "$repo"

@@ -1,6 +1,7 @@
 """NVIDIA-repository path of the nvidia_driver role, against the STAND-IN repository prepare built
 (stand-in packages carry NVIDIA's names and versions and say "STAND-IN" in their descriptions;
-they are not NVIDIA software)."""
+they are not NVIDIA software). nvidia-repo was a fresh node; nvidia-repo-keyring already had
+cuda-keyring's source and keyring for the same URL (staged by prepare), which the role reuses."""
 import importlib
 import json
 import os
@@ -14,7 +15,13 @@ sys.path.insert(0, os.path.join(ROOT, "plugins", "filter"))
 nv = importlib.import_module("hmk_nvidia")
 
 STANDIN_DIR = os.environ.get("HMK_STANDIN_DIR", "/var/tmp/hybrid-moe-kit/molecule-nvidia_driver_repo")
-HELD = ["nvidia-open", "nvidia-persistenced", "nvidia-kernel-open-dkms", "libnvidia-compute", "nvidia-driver-pinning-570"]
+HELD = ["nvidia-open", "nvidia-persistenced", "nvidia-kernel-open-dkms", "libnvidia-compute", "nvidia-driver-pinning-580"]
+CUDA_KEYRING_LIST = "/etc/apt/sources.list.d/cuda-debian12-x86_64.list"
+OWN_SOURCES = "/etc/apt/sources.list.d/hmk-nvidia-cuda.sources"
+
+
+def set_up_nvidias_way(host):
+    return host.backend.get_hostname() == "nvidia-repo-keyring"
 
 
 @pytest.fixture(scope="module")
@@ -30,22 +37,42 @@ def image_kernel(host):
 
 
 def test_packages_are_labelled_stand_ins(host):
-    for name in ["nvidia-open", "nvidia-driver-pinning-570", "cuda-toolkit-12-8", "nvidia-kernel-open-dkms"]:
+    for name in ["nvidia-open", "nvidia-driver-pinning-580", "cuda-toolkit-12-8", "nvidia-kernel-open-dkms"]:
         description = host.check_output("dpkg-query -W -f='${Description}' %s" % name)
         assert description.startswith("STAND-IN for NVIDIA's %s" % name), description
 
 
-def test_keyring_is_the_checked_key(host, throwaway_fingerprint):
+def test_apt_reads_exactly_one_source_for_the_repository(host):
+    update = host.run("apt-get update")
+    assert update.rc == 0 and "Conflicting values" not in update.stderr, update.stderr
+    listed = host.check_output("grep -rl 127.0.0.1:18305 /etc/apt/sources.list /etc/apt/sources.list.d/ || true").split()
+    assert listed == ([CUDA_KEYRING_LIST] if set_up_nvidias_way(host) else [OWN_SOURCES])
+    assert "http://127.0.0.1:18305" in host.check_output("apt-cache policy nvidia-open")
+
+
+def test_the_roles_own_source_is_signed_by_the_checked_keyring_on_a_fresh_node(host, throwaway_fingerprint):
+    if set_up_nvidias_way(host):
+        assert not host.file(OWN_SOURCES).exists and not host.file("/etc/apt/keyrings/hmk-nvidia-cuda.asc").exists
+        return
     keyring = host.file("/etc/apt/keyrings/hmk-nvidia-cuda.asc")
     assert keyring.mode == 0o644
     assert nv.openpgp_fingerprint(keyring.content_string) == throwaway_fingerprint
-
-
-def test_source_is_deb822_signed_by_that_keyring(host):
-    source = host.file("/etc/apt/sources.list.d/hmk-nvidia-cuda.sources").content_string
+    source = host.file(OWN_SOURCES).content_string
     assert "URIs: http://127.0.0.1:18305/\n" in source
     assert "Suites: /\n" in source
     assert "Signed-By: /etc/apt/keyrings/hmk-nvidia-cuda.asc\n" in source
+
+
+def test_cuda_keyrings_source_and_keyring_are_kept_as_they_were(host, throwaway_fingerprint):
+    if not set_up_nvidias_way(host):
+        assert not host.file(CUDA_KEYRING_LIST).exists
+        return
+    assert host.file(CUDA_KEYRING_LIST).content_string == \
+        "deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] http://127.0.0.1:18305/ /\n"
+    keyring = host.file("/usr/share/keyrings/cuda-archive-keyring.gpg").content
+    assert nv.openpgp_fingerprints(keyring) == [throwaway_fingerprint]
+    before = host.file("/var/tmp/hmk-before/files").content_string
+    assert host.check_output("sha256sum %s" % CUDA_KEYRING_LIST) in before.splitlines()
 
 
 def _transactions(history):
@@ -61,19 +88,21 @@ def _transactions(history):
 def test_pinning_package_installed_alone_before_the_driver(host):
     entries = _transactions(host.file("/var/log/apt/history.log").content_string)
     installs = [entry.get("Install", "") for entry in entries]
-    pin = [i for i, text in enumerate(installs) if "nvidia-driver-pinning-570:" in text]
-    driver = [i for i, text in enumerate(installs) if re.search(r"(^|, )nvidia-open:amd64 \(570\.124\.06-1", text)]
+    pin = [i for i, text in enumerate(installs) if "nvidia-driver-pinning-580:" in text]
+    driver = [i for i, text in enumerate(installs) if re.search(r"(^|, )nvidia-open:amd64 \(580\.95\.05-1", text)]
     assert len(pin) == 1 and len(driver) == 1, installs
     assert pin[0] < driver[0]
     assert installs[pin[0]].count(":") == 1, "pinning transaction installed more: " + installs[pin[0]]
 
 
-def test_pin_holds_the_branch_although_a_newer_one_is_offered(host):
-    policy = host.check_output("apt-cache policy nvidia-open")
-    assert "Installed: 570.124.06-1" in policy
-    assert "575.51.03-1" in policy, "the stand-in repository offers 575 too"
-    assert "Candidate: 570.124.06-1" in policy
-    assert host.package("nvidia-open").version == "570.124.06-1"
+@pytest.mark.parametrize("name", ["nvidia-open", "nvidia-kernel-open-dkms", "libnvidia-compute"])
+def test_pin_holds_the_branch_although_a_newer_one_is_offered(host, name):
+    # nvidia-open depends on ">=" versions, as NVIDIA's do: only the lock keeps the dependencies on R580.
+    policy = host.check_output("apt-cache policy %s" % name)
+    assert "Installed: 580.95.05-1" in policy
+    assert "595.71.05-1" in policy, "the stand-in repository offers R595 too"
+    assert "Candidate: 580.95.05-1" in policy
+    assert host.package(name).version == "580.95.05-1"
 
 
 def test_driver_packages_are_held(host):
@@ -96,7 +125,7 @@ def test_unattended_upgrades_blacklist(host):
 def test_stand_in_module_built_by_dkms_for_the_image_kernel(host, image_kernel):
     assert host.check_output("uname -r") != image_kernel
     status = host.check_output("dkms status -k %s" % image_kernel)
-    assert re.search(r"^nvidia/570\.124\.06, %s, x86_64: installed" % re.escape(image_kernel), status, re.M), status
+    assert re.search(r"^nvidia/580\.95\.05, %s, x86_64: installed" % re.escape(image_kernel), status, re.M), status
     assert host.file("/lib/modules/%s/updates/dkms/nvidia.ko" % image_kernel).is_file
 
 
@@ -125,7 +154,8 @@ def test_no_power_limit_unit_when_none_is_set(host):
 def test_role_reported_no_gpu(host, image_kernel):
     status = json.loads(host.file("/var/lib/hybrid-moe-kit/nvidia_driver.json").content_string)
     assert status["gpus_present"] is False and status["gpu_checks"] == "skipped: no GPU on this node"
-    assert status["toolkit"] == "12.8" and status["branch"] == "570" and status["boot_kernel"] == image_kernel
+    assert status["toolkit"] == "12.8" and status["branch"] == "580" and status["boot_kernel"] == image_kernel
+    assert status["driver_version"] == "580.95.05"
 
 
 def test_check_mode_on_the_fresh_twin_reported_changes(host):
@@ -143,3 +173,4 @@ def test_wrong_fingerprint_was_refused_naming_both(host, throwaway_fingerprint):
 def test_incompatible_pair_was_refused_naming_both(host):
     text = host.file("/var/tmp/hmk-side-effect-incompatible.txt").content_string
     assert "CUDA toolkit 12.8 needs NVIDIA driver >= 570.26 but the driver is 550" in text
+    assert "branch 550 is outside NVIDIA's support table" in text
