@@ -25,7 +25,8 @@ SEVERITIES = ("critical", "warning", "info", "ok")
 
 # The troubleshooting tree, most decisive first: a service that does not start, then what stops a
 # started one (flags, engine errors, driver), then what throws DRAM bandwidth away, then PCIe and power.
-ORDER = ("service_state", "engine_flags", "engine_errors", "nvidia_driver", "engine_isa", "platform", "gpu_present",
+ORDER = ("service_state", "model_integrity", "engine_flags", "engine_errors", "nvidia_driver", "engine_isa", "platform",
+         "gpu_present",
          "gpu_devices", "gpu_placement",
          "numa_balancing", "numa_nodes_per_socket", "numa_memoryless_cpu_nodes", "numa_memory_only_nodes",
          "numa_memory_placement", "memory_channels", "smt", "model_page_cache", "gpu_pcie_link", "pcie_aspm",
@@ -566,6 +567,33 @@ def check_page_cache(raw):
                     evidence, "Install util-linux's fincore to measure it (`fincore %s`)." % path)
 
 
+def check_model_integrity(raw):
+    """The last scheduled full re-hash of the models (model_sync's hmk-model-rehash.timer): what it found."""
+    integrity = raw.get("model_integrity") or {}
+    path = integrity.get("path") or "the re-hash record"
+    record = integrity.get("record")
+    if not isinstance(record, dict):
+        return _finding("model_integrity", "info", "The models have not been re-hashed on this node yet",
+                        "%s does not exist" % path,
+                        "model_sync installs hmk-model-rehash.timer (model_sync_rehash_timer); run it now with "
+                        "`systemctl start hmk-model-rehash.service`.")
+    mismatches = record.get("mismatches") or []
+    evidence = "%s: %s file(s) re-hashed, %d mismatch(es), %d missing" % (
+        path, record.get("files_checked", "?"), len(mismatches), len(record.get("missing") or []))
+    if mismatches:
+        named = "; ".join("%s/%s has sha256 %s instead of %s, moved to %s" % (
+            m.get("model"), m.get("file"), str(m.get("observed_sha256"))[:16], str(m.get("expected_sha256"))[:16],
+            m.get("quarantined_to")) for m in mismatches)
+        return _finding("model_integrity", "critical",
+                        "%d model file(s) failed the scheduled re-hash and were quarantined" % len(mismatches),
+                        evidence + ": " + named,
+                        "The disk returned other bytes than were verified (bit rot, a bad disk, a manual edit). "
+                        "Run site.yml (or playbooks/models.yml then playbooks/serve.yml) to fetch the file(s) again; "
+                        "the service does not start while a file is missing. Check the disk (smartctl, dmesg).")
+    return _finding("model_integrity", "ok", "Every model file matched its sha256 at the last re-hash", evidence,
+                    "Nothing to do.")
+
+
 def check_gpu_links(raw):
     facts, profile = _facts(raw), raw.get("profile")
     verdict = hw.judge_gpu_links(facts, profile)
@@ -744,8 +772,8 @@ def check_gpu_placement(raw):
         " ".join(sorted(set(d["fix"] for d in result["differences"]))))
 
 
-CHECKS = (check_service, check_engine_flags, check_engine_errors, check_nvidia_driver, check_engine_isa,
-          check_platform, check_gpu_present, check_gpu_devices,
+CHECKS = (check_service, check_model_integrity, check_engine_flags, check_engine_errors, check_nvidia_driver,
+          check_engine_isa, check_platform, check_gpu_present, check_gpu_devices,
           check_gpu_placement, check_numa_balancing, check_nps, check_memory_nodes,
           check_memory_channels, check_smt, check_page_cache, check_gpu_links, check_aspm, check_governor)
 

@@ -35,7 +35,9 @@ KV_TYPE_BYTES = {
 MLA_ARCHS = ("deepseek2",)
 # Flags every llama-server since the kit's oldest supported commit (2025-04) parses; the flags that
 # changed between commits come from llama_build's per-version table (llama_build_engine_flags).
-LLAMA_STABLE_FLAGS = ("-m", "--port", "-b", "-tb", "--api-key-file", "--alias", "-np", "-ts")
+# --no-slots: ik_llama.cpp (common.cpp at the pin) and mainline (common/arg.cpp since 2024-09) both parse it; the
+# service's dry parse against the built binary confirms it before every unit change.
+LLAMA_STABLE_FLAGS = ("-m", "--port", "-b", "--api-key-file", "--alias", "-np", "--no-slots", "-tb", "-ts")
 NUMA_MODES = ("distribute", "isolate", "numactl")
 
 
@@ -133,6 +135,9 @@ def llama_argv(opts):
         argv.append(need("-rtr"))
     if opts.get("metrics", True):
         argv.append(need("--metrics"))
+    # Slot reporting answers the prompts in every slot: on /slots (key-protected) but also on the public
+    # /health?include_slots, so it is switched off (ik_llama.cpp server.cpp: params.endpoint_slots).
+    argv.append(need("--no-slots"))
     if opts.get("alias"):
         argv += ["--alias", str(opts["alias"])]
     if int(opts.get("parallel") or 0) > 0:
@@ -143,11 +148,16 @@ def llama_argv(opts):
     if opts.get("ts") and ("-ts" in extra or "--tensor-split" in extra):
         _fail("the placement plan renders -ts to keep each layer's experts on the GPU that holds the layer; "
               "remove -ts/--tensor-split from inference_service_extra_args (or give explicit -ot rules)")
-    for forbidden in ("-rtr", "--run-time-repack", "--api-key"):
-        if forbidden in extra:
-            _fail("%s is refused in the extra arguments: %s" % (forbidden, {
-                "--api-key": "the key would be visible in /proc/<pid>/cmdline; set inference_service_api_key",
-            }.get(forbidden, "run-time repacking disables mmap and GPU prompt offload in hybrid mode")))
+    reasons = {
+        "--api-key": "the key would be visible in /proc/<pid>/cmdline; set inference_service_api_key",
+        "--api-key-file": "the unit hands the key over; set inference_service_api_key",
+        "--slots": "slot reporting answers other users' prompts on the public /health?include_slots",
+    }
+    for arg in extra:
+        flag = arg.split("=", 1)[0]
+        if flag in ("-rtr", "--run-time-repack", "--api-key", "--api-key-file", "--slots"):
+            _fail("%s is refused in the extra arguments: %s" % (flag, reasons.get(
+                flag, "run-time repacking disables mmap and GPU prompt offload in hybrid mode")))
     return argv + extra
 
 
@@ -197,6 +207,28 @@ def kt_argv(opts):
             _fail("%s is refused in the extra arguments: sglang-kt logs its whole ServerArgs, keys included, at "
                   "start-up; keep the service on loopback behind the gateway" % forbidden)
     return argv + extra
+
+
+# ------------------------------------------------------------------------------------ the dry parse
+
+DRY_PARSE_MODEL = "/nonexistent/hmk-dry-parse.gguf"
+PARSE_REFUSALS = re.compile(r"(unknown argument|invalid argument|invalid parameter|error while handling argument|"
+                            r"unknown value for|^usage: |failed to open file)", re.IGNORECASE)
+
+
+def dry_parse_argv(argv):
+    """The service's argv with the model swapped for a path that does not exist: the engine parses every argument
+    and then stops at the model load, before it maps anything."""
+    out = [str(a) for a in argv]
+    for index, arg in enumerate(out[:-1]):
+        if arg in ("-m", "--model"):
+            out[index + 1] = DRY_PARSE_MODEL
+    return out
+
+
+def dry_parse_errors(output):
+    """Lines of a dry run that say the engine's argument parser refused something (it prints its usage then)."""
+    return [line.strip() for line in str(output or "").splitlines() if PARSE_REFUSALS.search(line.strip())]
 
 
 # ------------------------------------------------------------------------------ systemd-safe rendering
@@ -629,6 +661,8 @@ class FilterModule(object):
             "inference_service_llama_argv": llama_argv,
             "inference_service_kt_argv": kt_argv,
             "inference_service_args_file": args_file,
+            "inference_service_dry_parse_argv": dry_parse_argv,
+            "inference_service_dry_parse_errors": dry_parse_errors,
             "inference_service_systemd_word": systemd_word,
             "inference_service_kv_bytes": kv_cache_bytes,
             "inference_service_gpu_vram": gpu_vram_bytes,

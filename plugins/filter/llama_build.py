@@ -19,8 +19,8 @@ try:
 except ImportError:  # imported without Ansible (unit tests in a bare interpreter)
     AnsibleFilterError = ValueError
 
-FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
-DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+FULL_SHA = re.compile(r"^[0-9a-f]{40}\Z")
+DATE = re.compile(r"^\d{4}-\d{2}-\d{2}\Z")
 
 # Compute capability of the GPUs the kit knows, for profiles that name a model but no arch.
 GPU_ARCH_BY_MODEL = {

@@ -4,8 +4,10 @@ the resumable, verified fetch. Pure Python 3 standard library, so the node needs
 the unit tests import it without Ansible.
 
 Transfers are done by curl (HTTP/HTTPS, ranged resume) and rsync (SSH, --append-verify); this module
-only orchestrates them, hashes the bytes while they stream into `<name>.partial`, validates the GGUF
-header, and publishes by atomic rename. A bad file never replaces a good one: it goes to quarantine.
+only orchestrates them, hashes the bytes while they stream into `<staging>/<model>/<name>.partial`,
+validates the GGUF header, and publishes by atomic rename. Nothing is written outside the staging area,
+the models root, the stamps and the quarantine; a refused or failed transfer leaves its partial in
+staging, where the next run resumes it. A bad file never replaces a good one: it goes to quarantine.
 """
 from __future__ import absolute_import, division, print_function
 
@@ -20,11 +22,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_gguf import GGUFError, read_gguf
+from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_validate import CONTROL, rule_component, rule_rel_path
 
 __metaclass__ = type
 
 CHUNK = 4 * 1024 * 1024
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+SHA256_RE = re.compile(r"[0-9a-f]{64}")
 
 
 def safetensors_problems(path):
@@ -132,17 +135,27 @@ def validate_catalog(catalog, selected, require_hashes=True):
         if unknown:
             problems.append("model %r: unknown gguf keys %s" % (model, ", ".join(unknown)))
         names = set()
+        if rule_component(model):
+            problems.append("model id %r refused: it names the model's directory, so it must be %s"
+                            % (model, rule_component(model)))
+        if entry.get("source_dir") is not None and rule_rel_path(entry["source_dir"]):
+            problems.append("model %r: source_dir %r refused: %s" % (model, entry["source_dir"],
+                                                                     rule_rel_path(entry["source_dir"])))
         for item in files + list(entry.get("hf_files") or []):
             name = item.get("name")
-            if not name or "/" in name or name.startswith("."):
-                problems.append("model %r: file name %r must be a plain file name" % (model, name))
+            if not name or rule_component(name):
+                problems.append("model %r: file name %r must be a plain file name (%s)"
+                                % (model, name, rule_component(name)))
                 continue
+            if item.get("source") and rule_rel_path(item["source"]):
+                problems.append("model %r: file %s has source %r, refused: %s" % (model, name, item["source"],
+                                                                                 rule_rel_path(item["source"])))
             if name in names:
                 problems.append("model %r: file %s is listed twice" % (model, name))
             names.add(name)
             if not require_hashes:
                 continue
-            if not SHA256_RE.match(str(item.get("sha256") or "")):
+            if not SHA256_RE.fullmatch(str(item.get("sha256") or "")):
                 problems.append("model %r: file %s has no sha256 (64 lowercase hex digits) in the catalog; fill it "
                                 "from the publisher's manifest (e.g. the LFS sha256 on the file's Hugging Face page)"
                                 % (model, name))
@@ -354,8 +367,16 @@ def curl_command(url, offset, follow_redirects, connect_timeout=30, stall_second
 
 
 def curl_config(url, token):
-    """A curl config read from stdin: keeps the bearer token out of the process list."""
+    """A curl config read from stdin: keeps the bearer token out of the process list.
+
+    Each value is one double-quoted string in curl's config syntax (backslash and quote escaped). A line
+    break or other control character cannot be quoted safely (curl reads `\\n` in a quoted value as a
+    newline, which would end a header), so it is refused: the roles refuse it earlier, with the variable named.
+    """
     def quote(value):
+        if CONTROL.search(value):
+            raise SyncError("a control character (a line break?) in the URL or the token cannot go into curl's "
+                            "configuration; refused")
         return '"%s"' % value.replace("\\", "\\\\").replace('"', '\\"')
     lines = ["url = %s" % quote(url)]
     if token:
@@ -452,17 +473,22 @@ class Syncer:
     """Plans and runs the sync of one model directory."""
 
     def __init__(self, model, dest, state_dir, quarantine_dir, files, source, gguf_expect=None, parallel=2,
-                 rehash=False, margin=0, log=None, owner=None, group=None, mode=0o644, check_mode=False):
+                 rehash=False, margin=0, log=None, owner=None, group=None, mode=0o644, check_mode=False,
+                 staging_dir=None):
+        if rule_component(model):
+            raise SyncError("model id %r refused: it names directories, so it must be %s" % (model, rule_component(model)))
         self.model, self.dest, self.files, self.source = model, dest, files, source
         self.state_dir = os.path.join(state_dir, model)
         self.quarantine_dir = os.path.join(quarantine_dir, model)
+        # Same filesystem as dest (the default is beside it), so publishing is a rename.
+        self.staging = os.path.join(staging_dir or os.path.join(os.path.dirname(dest.rstrip("/")), ".staging"), model)
         self.gguf_expect, self.parallel, self.rehash, self.margin = gguf_expect or {}, parallel, rehash, margin
         self.log = log or ProgressLog(None, model, 0)
         self.owner, self.group, self.mode, self.check_mode = owner, group, mode, check_mode
         self.gguf_names = [f["name"] for f in files if f["name"].endswith(".gguf")]
 
     def _paths(self, name):
-        return (os.path.join(self.dest, name), os.path.join(self.dest, name + ".partial"),
+        return (os.path.join(self.dest, name), os.path.join(self.staging, name + ".partial"),
                 os.path.join(self.state_dir, name + ".json"))
 
     # ---- planning
@@ -495,7 +521,36 @@ class Syncer:
 
     # ---- running
 
+    def _adopt_old_partials(self):
+        """Partials an earlier version left beside the published files move to staging (or go when staging has one)."""
+        for item in self.files:
+            old = os.path.join(self.dest, item["name"] + ".partial")
+            if not os.path.isfile(old):
+                continue
+            new = self._paths(item["name"])[1]
+            if os.path.exists(new):
+                os.unlink(old)
+                continue
+            if not os.path.isdir(self.staging):
+                os.makedirs(self.staging, 0o700)
+            os.replace(old, new)
+
+    def _clean_staging(self):
+        """Staging keeps only partials of this model's current files (resumed next run); empty, it goes."""
+        if not os.path.isdir(self.staging):
+            return
+        wanted = set(item["name"] + ".partial" for item in self.files)
+        for entry in os.listdir(self.staging):
+            if entry not in wanted:
+                path = os.path.join(self.staging, entry)
+                if os.path.isfile(path) or os.path.islink(path):
+                    os.unlink(path)
+        if not os.listdir(self.staging):
+            os.rmdir(self.staging)
+
     def run(self):
+        if not self.check_mode:
+            self._adopt_old_partials()
         plan = self.plan()
         fetch = [e for e in plan if e["action"] == "fetch"]
         needed = sum(e["missing"] for e in fetch)
@@ -508,6 +563,8 @@ class Syncer:
         todo = [e for e in plan if e["action"] != "ok"]
         if not todo:
             result["changed"] = self._fix_modes(apply=not self.check_mode)
+            if not self.check_mode:
+                self._clean_staging()
             return result
         result["changed"] = True
         if self.check_mode:
@@ -515,6 +572,8 @@ class Syncer:
         for path in (self.dest, self.state_dir):
             if not os.path.isdir(path):
                 os.makedirs(path, 0o755)
+        if not os.path.isdir(self.staging):
+            os.makedirs(self.staging, 0o700)
         for entry in todo:
             if entry["action"] == "stamp":
                 self._write_stamp(entry["name"], entry["sha256"])
@@ -532,6 +591,7 @@ class Syncer:
                 if bad:
                     result["quarantined"].append(bad)
         self._fix_modes(apply=True)
+        self._clean_staging()
         return result
 
     def _fetch_one(self, entry):

@@ -11,7 +11,7 @@ short_description: Fetch one model's files resumably, verify sha256 and GGUF met
 description:
   - Plans per file - already verified (size + mtime stamp, or a full re-hash), or missing bytes to fetch.
   - Fails before the first byte when the missing bytes plus the margin do not fit in the free space.
-  - Downloads into C(<name>.partial) with curl (HTTP/HTTPS, ranged resume) or rsync (SSH, --append-verify), or
+  - Downloads into C(<staging_dir>/<model>/<name>.partial) with curl (HTTP/HTTPS, ranged resume) or rsync (SSH, --append-verify), or
     copies from a local/NFS path; hashes the bytes while they stream, resumes a partial after hashing it.
   - With source_kind huggingface the files are the lock's (repo, commit, path, size, sha256) and come from the Hub's
     resolve/ URLs, redirects to its storage followed; before the first byte one HEAD per file checks that the token
@@ -36,6 +36,12 @@ options:
     description: Where files that failed verification are moved.
     type: path
     required: true
+  staging_dir:
+    description:
+      - Where partial downloads wait (one directory per model), on the same filesystem as C(dest). Nothing is written
+        outside it, C(dest), C(state_dir) and C(quarantine_dir); the next run resumes a partial left there.
+      - Defaults to C(.staging) beside C(dest).
+    type: path
   files:
     description:
       - Files to sync, each with name, size (bytes), sha256, and optionally source (path relative to the source).
@@ -173,6 +179,7 @@ def main():
             dest=dict(type="path", required=True),
             state_dir=dict(type="path", required=True),
             quarantine_dir=dict(type="path", required=True),
+            staging_dir=dict(type="path"),
             files=dict(type="list", elements="dict", required=True),
             gguf_expect=dict(type="dict", default={}),
             source_kind=dict(type="str", required=True, choices=["http", "rsync", "local", "huggingface"]),
@@ -214,11 +221,11 @@ def main():
                         follow_redirects=p["http_follow_redirects"], ssh_options=p["rsync_ssh_options"],
                         retries=p["retries"], retry_delay=p["retry_delay"], stall_seconds=p["stall_seconds"])
     log = ProgressLog(None if module.check_mode else p["log_path"], p["model"], p["progress_interval"])
-    syncer = Syncer(p["model"], p["dest"], p["state_dir"], p["quarantine_dir"], files, source,
-                    gguf_expect=p["gguf_expect"], parallel=p["parallel"], rehash=p["rehash"],
-                    margin=p["free_space_margin"], log=log, owner=owner, group=group, mode=int(p["mode"], 8),
-                    check_mode=module.check_mode)
     try:
+        syncer = Syncer(p["model"], p["dest"], p["state_dir"], p["quarantine_dir"], files, source,
+                        gguf_expect=p["gguf_expect"], parallel=p["parallel"], rehash=p["rehash"],
+                        margin=p["free_space_margin"], log=log, owner=owner, group=group, mode=int(p["mode"], 8),
+                        check_mode=module.check_mode, staging_dir=p["staging_dir"])
         result = syncer.run()
     except SyncError as exc:
         module.fail_json(msg="%s: %s" % (p["model"], exc), bytes_received=0)

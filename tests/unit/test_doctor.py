@@ -88,6 +88,9 @@ def healthy():
                         "device_allow": "char-nvidia* rw"},
         "gpu_placement": {"plan": json.dumps(GPU_PLAN), "plan_path": "/etc/hmk/hmk-inference-plan.json",
                           "engine_log": GPU_LOG, "pid": "900", "smi_rc": 1, "smi_gpus": "", "smi_apps": ""},
+        "model_integrity": {"path": "/var/lib/hmk/model-integrity.json",
+                            "record": {"schema": "hmk-model-integrity/1", "ok": True, "files_checked": 2,
+                                       "mismatches": [], "missing": [], "finished": 1764500000.0}},
     }
 
 
@@ -616,6 +619,29 @@ def test_governor():
     assert "kernel_tuning_cpufreq_governor: performance" in finding["fix"]
     raw["cpufreq"] = {"stdout": "", "stderr": ""}
     assert doctor.check_governor(raw)["severity"] == "info"
+
+
+# ------------------------------------------------------------------------------ model integrity
+
+def test_a_file_that_failed_the_scheduled_rehash_is_critical_and_named_with_the_fix():
+    raw = healthy()
+    raw["model_integrity"]["record"] = {
+        "ok": False, "files_checked": 2, "missing": [],
+        "mismatches": [{"model": "r1", "file": "r1-00002-of-00002.gguf", "expected_sha256": "ab" * 32,
+                        "observed_sha256": "cd" * 32, "quarantined_to": "/srv/models/.quarantine/r1/x.rehash-mismatch"}]}
+    report = doctor.diagnose(raw)
+    finding = only(report["findings"], "model_integrity")
+    assert finding["severity"] == "critical" and finding["rank"] == 1
+    assert "r1/r1-00002-of-00002.gguf" in finding["evidence"] and "cdcdcdcd" in finding["evidence"]
+    assert ".quarantine/r1/x.rehash-mismatch" in finding["evidence"]
+    assert "site.yml" in finding["fix"]
+
+
+def test_no_rehash_record_yet_is_information_only():
+    raw = healthy()
+    raw["model_integrity"] = {"path": "/var/lib/hmk/model-integrity.json", "record": None}
+    finding = only(doctor.diagnose(raw)["findings"], "model_integrity")
+    assert finding["severity"] == "info" and "hmk-model-rehash" in finding["fix"]
 
 
 # ------------------------------------------------------------------------ engine ISA, passthrough

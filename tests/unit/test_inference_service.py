@@ -25,6 +25,7 @@ def _load(name, path):
 
 
 svc = _load("inference_service_filters", REPO / "plugins" / "filter" / "inference_service.py")
+validate_filters = importlib.import_module("ansible_collections.hmk.moe_kit.plugins.filter.hmk_validate")
 gguf_layout = importlib.import_module("ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_gguf")
 
 # The flags table the llama_build role checks every build against; the pinned ik commit is 55d3c05 (2026-04-13).
@@ -418,8 +419,10 @@ def render_unit(**overrides):
         "__inference_service_drop_caches_unit": "hmk-drop-caches.service",
         "__inference_service_path_env": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "__inference_service_ready_timeout": 770,
+        "__inference_service_manifest_path": "/etc/hmk/hmk-inference.model.json",
     })
     context.update(overrides)
+    context.setdefault("__inference_service_loopback", validate_filters.hmk_is_loopback(context["inference_service_host"]))
     template = env.from_string((ROLE / "templates" / "inference.service.j2").read_text())
     return template.render(**context).splitlines()
 
@@ -428,8 +431,9 @@ def test_cpu_only_unit_is_sandboxed_without_devices_and_with_mdwe():
     unit = render_unit(inference_service_api_key="k")
     for line in ("PrivateDevices=true", "MemoryDenyWriteExecute=true", "IPAddressDeny=any", "IPAddressAllow=localhost",
                  "ProtectSystem=strict", "CapabilityBoundingSet=", "LimitMEMLOCK=infinity", "TimeoutStartSec=770",
-                 "Restart=on-failure", "ExecStart=/usr/local/libexec/hmk/inference-exec /etc/hmk/hmk-inference.args "
-                 "--api-key-file /run/hmk-inference/api-key"):
+                 "Restart=on-failure", "RestartPreventExitStatus=78",
+                 "ExecStart=/usr/local/libexec/hmk/inference-exec --model-check /etc/hmk/hmk-inference.model.json "
+                 "/etc/hmk/hmk-inference.args --api-key-file /run/hmk-inference/api-key"):
         assert line in unit, line
     assert not any(line.startswith(("Requires=", "DeviceAllow=", "NUMAPolicy=")) for line in unit)
     assert not any("k" == line.rsplit(" ", 1)[-1] for line in unit if line.startswith("Exec"))
@@ -447,10 +451,18 @@ def test_gpu_unit_requires_the_driver_units_and_allows_only_nvidia_devices():
     assert "RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX AF_NETLINK" in unit
 
 
-def test_multi_numa_node_unit_interleaves_and_public_bind_drops_the_ip_filter():
-    unit = render_unit(__inference_service_numa_nodes=4, inference_service_host="0.0.0.0")
+def test_multi_numa_node_unit_interleaves():
+    unit = render_unit(__inference_service_numa_nodes=4)
     assert "NUMAPolicy=interleave" in unit and "NUMAMask=all" in unit
-    assert "IPAddressDeny=any" not in unit
+
+
+def test_a_public_bind_keeps_the_ip_filter_and_allows_only_the_listed_networks():
+    unit = render_unit(inference_service_host="0.0.0.0", inference_service_allowed_networks=["10.20.0.0/24", "fd00::/64"])
+    allow = [line for line in unit if line.startswith("IPAddress")]
+    assert allow == ["IPAddressDeny=any", "IPAddressAllow=localhost", "IPAddressAllow=10.20.0.0/24",
+                     "IPAddressAllow=fd00::/64"]
+    loopback = render_unit()
+    assert [line for line in loopback if line.startswith("IPAddress")] == ["IPAddressDeny=any", "IPAddressAllow=localhost"]
 
 
 def test_ktransformers_unit_puts_the_venv_first_on_path_and_has_a_home():

@@ -333,7 +333,9 @@ def test_ktransformers_unit_is_hardened_on_loopback_without_a_key():
             "/usr/sbin:/usr/bin:/sbin:/bin") in unit
     assert "Environment=HOME=/var/lib/hmk-inference" in unit
     for line in ("IPAddressDeny=any", "IPAddressAllow=localhost", "NoNewPrivileges=true", "ProtectSystem=strict",
-                 "CapabilityBoundingSet=", "ExecStart=/usr/local/libexec/hmk/inference-exec /etc/hmk/hmk-inference.args"):
+                 "CapabilityBoundingSet=",
+                 "ExecStart=/usr/local/libexec/hmk/inference-exec --model-check /etc/hmk/hmk-inference.model.json "
+                 "/etc/hmk/hmk-inference.args"):
         assert line in unit, line
     # torch, triton and flashinfer generate code at run time
     assert "MemoryDenyWriteExecute=true" not in unit

@@ -226,7 +226,9 @@ def test_a_transfer_killed_half_way_resumes_and_fetches_only_the_rest(store, tmp
         server.die_after(path, size // 2)
         first = syncer(tmp_path, http(server)).run()
         assert len(first["errors"]) == 1 and name in first["errors"][0] and "curl exit 18" in first["errors"][0]
-        assert (tmp_path / MODEL / (name + ".partial")).stat().st_size == size // 2
+        # The partial waits in staging, and only there, for the next run.
+        assert (tmp_path / ".staging" / MODEL / (name + ".partial")).stat().st_size == size // 2
+        assert [p for p in tmp_path.rglob("*.partial") if ".staging" not in p.parts] == []
         assert not (tmp_path / MODEL / name).exists()
 
         second = syncer(tmp_path, http(server)).run()
@@ -236,6 +238,7 @@ def test_a_transfer_killed_half_way_resumes_and_fetches_only_the_rest(store, tmp
         assert server.served()[path]["ranges"] == ["0-", "%d-" % (size // 2)]
     assert sha256(str(tmp_path / MODEL / name)) == next(f["sha256"] for f in entry_files() if f["name"] == name)
     assert "resuming at byte %d" % (size // 2) in (tmp_path / "sync.log").read_text()
+    assert not (tmp_path / ".staging" / MODEL).exists()  # a complete model leaves no staging behind
 
 
 def test_a_cut_transfer_is_retried_within_the_run_from_where_it_stopped(store, tmp_path):

@@ -1,0 +1,47 @@
+# -*- coding: utf-8 -*-
+"""Controller-side input validation for every role: `specs | hmk.moe_kit.hmk_validate` returns the refusals.
+
+A spec is {var, value, rule, ...options} (plugins/module_utils/hmk_validate.py lists the rules); a role's
+first task asserts that the list is empty and prints the refusals, each naming the variable, its value
+(secrets masked) and what is allowed.
+"""
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import ipaddress
+
+from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_model_sync import validate_catalog
+from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_validate import check_all, check_profile
+
+
+def hmk_validate(specs):
+    """Refusals for a list of specs (empty: everything is acceptable)."""
+    return check_all(specs)
+
+
+def hmk_validate_profile(profile, var="hmk_hardware", complete=False):
+    """Refusals for a hardware profile (the keys the roles read, their types and ranges); `complete` requires every
+    section, as the preflight does."""
+    return check_profile(profile, var, complete)
+
+
+def hmk_validate_catalog(catalog, selected):
+    """Refusals for the selected catalog entries' ids, source directories and file names (paths on the node);
+    hashes and sizes are checked by their own task, which names the file to fill."""
+    return ["model_sync_catalog: " + problem for problem in
+            validate_catalog(catalog or {}, [m for m in selected or [] if m in (catalog or {})], require_hashes=False)]
+
+
+def hmk_is_loopback(host):
+    """Whether an address is loopback (127.0.0.0/8, ::1); anything unparsable counts as not loopback."""
+    try:
+        return ipaddress.ip_address(str(host)).is_loopback
+    except ValueError:
+        return False
+
+
+class FilterModule(object):
+    def filters(self):
+        return {"hmk_validate": hmk_validate, "hmk_validate_profile": hmk_validate_profile,
+                "hmk_validate_catalog": hmk_validate_catalog, "hmk_is_loopback": hmk_is_loopback}

@@ -1,0 +1,119 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+"""The service's health gate after a (re)start: ready, or failed with the reason and the engine's last words."""
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+---
+module: hmk_inference_gate
+short_description: Wait until a restarted inference service is ready, or fail early with the reason
+description:
+  - Polls the unit every second and the engine's own C(/health) until it answers 200 (llama.cpp-family engines
+    answer 503 while the model loads; sglang-kt's runs one token first).
+  - Fails as soon as the unit has failed, or systemd restarted the engine (it exited), instead of waiting out the
+    timeout; fails when the timeout passes. The message carries the unit's result and the engine's last journal
+    lines since C(since).
+  - Only reads; the caller restarts the unit.
+options:
+  unit:
+    description: The systemd unit.
+    type: str
+    required: true
+  url:
+    description: The health URL.
+    type: str
+    required: true
+  timeout:
+    description: Seconds the engine may take to become ready.
+    type: int
+    default: 600
+  since:
+    description: Journal lines from this time (seconds since the epoch) on go into a failure's message.
+    type: float
+    default: 0
+  journal_lines:
+    description: How many of the engine's last journal lines a failure carries.
+    type: int
+    default: 25
+author: hybrid-moe-kit
+"""
+
+RETURN = r"""
+waited:
+  description: Seconds until ready (or until the failure).
+  type: float
+  returned: always
+main_pid:
+  description: The engine's main PID when it became ready.
+  type: int
+  returned: success
+"""
+
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.urls import open_url
+
+PROPS = "ActiveState,SubState,MainPID,NRestarts,Result,ExecMainCode,ExecMainStatus"
+
+
+def unit_state(module, unit):
+    _rc, out, _err = module.run_command(["systemctl", "show", unit, "--property=" + PROPS])
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def verdict(first, now):
+    """Why the start failed, judged from two `systemctl show` readings, or None while it may still come up."""
+    if now.get("ActiveState") == "failed" or (now.get("ActiveState") == "inactive" and now.get("Result") not in
+                                               (None, "", "success")):
+        return "the unit failed (result %s, exit status %s)" % (now.get("Result"), now.get("ExecMainStatus"))
+    if int(now.get("NRestarts") or 0) > int(first.get("NRestarts") or 0) or now.get("SubState") == "auto-restart":
+        return "the engine exited and systemd is restarting it (exit status %s)" % now.get("ExecMainStatus")
+    return None
+
+
+def ready(url):
+    try:
+        return open_url(url, timeout=5, validate_certs=False, follow_redirects="none").getcode() == 200
+    except Exception:  # pylint: disable=broad-except  # 503 while loading, refused before the bind: not ready yet
+        return False
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            unit=dict(type="str", required=True),
+            url=dict(type="str", required=True),
+            timeout=dict(type="int", default=600),
+            since=dict(type="float", default=0),
+            journal_lines=dict(type="int", default=25),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    start = time.time()
+    first = unit_state(module, p["unit"])
+    reason = None
+    while True:
+        now = unit_state(module, p["unit"])
+        reason = verdict(first, now)
+        if reason:
+            break
+        if now.get("ActiveState") == "active" and ready(p["url"]):
+            module.exit_json(changed=False, waited=round(time.time() - start, 1), main_pid=int(now.get("MainPID") or 0))
+        if time.time() - start > p["timeout"]:
+            reason = "not ready after %d s (%s/%s)" % (p["timeout"], now.get("ActiveState"), now.get("SubState"))
+            break
+        time.sleep(1)
+    argv = ["journalctl", "--no-pager", "--quiet", "--output=cat", "--unit", p["unit"], "--lines", str(p["journal_lines"])]
+    if p["since"]:
+        argv += ["--since", "@%d" % int(p["since"])]
+    _rc, journal, _err = module.run_command(argv)
+    module.fail_json(msg="%s: %s. Its last journal lines: %s" % (p["unit"], reason, " / ".join(journal.strip().splitlines())),
+                     reason=reason, journal=journal.strip().splitlines(), waited=round(time.time() - start, 1))
+
+
+if __name__ == "__main__":
+    main()

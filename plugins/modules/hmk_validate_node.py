@@ -1,0 +1,140 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+"""Input checks only the node can answer: paths that must exist, sysctl keys, ports other units listen on."""
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+---
+module: hmk_validate_node
+short_description: Refuse inputs that do not fit the node, before anything changes
+description:
+  - Read-only; runs the same in check mode. Fails with one sentence per refusal, each naming the variable, the
+    value and what is allowed.
+  - C(paths) must exist (as a file or a directory when C(type) says so).
+  - C(sysctl_keys) must exist under /proc/sys on this kernel (a key the kernel lacks would sit in the drop-in
+    and fail at every boot).
+  - C(ports) must not be listened on by another unit or process (the own C(unit) may hold it).
+options:
+  paths:
+    description: Paths that must exist - var, path, type (file, directory or any), allow_empty.
+    type: list
+    elements: dict
+    default: []
+  sysctl_keys:
+    description: Sysctl keys that must exist - var (the variable that holds them), keys (the key names).
+    type: dict
+    default: {}
+  ports:
+    description: TCP ports to bind - var, port, host, unit (the unit allowed to hold the port already).
+    type: list
+    elements: dict
+    default: []
+author: hybrid-moe-kit
+"""
+
+RETURN = r"""
+refusals:
+  description: One sentence per input the node refuses (empty when all fit).
+  type: list
+  returned: always
+"""
+
+import glob
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_validate import (
+    parse_proc_net_tcp, port_holders, proc_sys_path, refusal, unit_of_cgroup)
+
+
+def _read(path):
+    try:
+        with open(path) as handle:
+            return handle.read()
+    except (IOError, OSError):
+        return ""
+
+
+def _socket_owners(inodes):
+    """{socket inode: "unit (pid N, comm)"} for the inodes asked about, from /proc/*/fd."""
+    owners = {}
+    wanted = set("socket:[%s]" % i for i in inodes)
+    for fd_dir in glob.glob("/proc/[0-9]*/fd"):
+        pid = fd_dir.split("/")[2]
+        try:
+            links = [os.readlink(os.path.join(fd_dir, fd)) for fd in os.listdir(fd_dir)]
+        except OSError:
+            continue
+        for link in links:
+            if link in wanted:
+                comm = _read("/proc/%s/comm" % pid).strip()
+                unit = unit_of_cgroup(_read("/proc/%s/cgroup" % pid))
+                owners[link[8:-1]] = "%s (pid %s, %s)" % (unit or "no unit", pid, comm or "?")
+    return owners
+
+
+def check_paths(items):
+    out = []
+    for item in items:
+        path = item.get("path") or ""
+        if path == "" and item.get("allow_empty", True):
+            continue
+        kind = item.get("type", "any")
+        ok = os.path.isfile(path) if kind == "file" else os.path.isdir(path) if kind == "directory" else \
+            os.path.exists(path)
+        if not ok:
+            out.append(refusal(item["var"], path, "an existing %s on this node" % {
+                "file": "file", "directory": "directory"}.get(kind, "path")))
+    return out
+
+
+def check_sysctl_keys(spec):
+    out = []
+    for key in spec.get("keys") or []:
+        key = str(key)
+        if not os.path.exists(proc_sys_path(key)):
+            out.append(refusal("%s[%s]" % (spec.get("var", "sysctl"), key), key, "a sysctl key this kernel has (%s does not exist; the drop-in would "
+                                                 "fail at every boot)" % proc_sys_path(key)))
+    return out
+
+
+def check_ports(items):
+    if not items:
+        return []
+    listeners = parse_proc_net_tcp(_read("/proc/net/tcp")) + parse_proc_net_tcp(_read("/proc/net/tcp6"), ipv6=True)
+    out = []
+    for item in items:
+        held = port_holders(item["port"], item.get("host", "0.0.0.0"), listeners, {})
+        if not held:
+            continue
+        owners = _socket_owners([inode for _, inode, _ in held])
+        unit = item.get("unit") or ""
+        others = [(address, owners.get(inode, "")) for address, inode, _ in held
+                  if not (unit and owners.get(inode, "").startswith(unit + " "))]
+        if others:
+            described = ", ".join("%s on %s" % (owner or "a process this node cannot see (another container or "
+                                                "namespace)", address) for address, owner in others)
+            out.append(refusal(item["var"], item["port"], "a port no other service listens on (held by %s)" % described))
+    return out
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            paths=dict(type="list", elements="dict", default=[]),
+            sysctl_keys=dict(type="dict", default={}),
+            ports=dict(type="list", elements="dict", default=[]),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    refusals = check_paths(p["paths"]) + check_sysctl_keys(p["sysctl_keys"]) + check_ports(p["ports"])
+    if refusals:
+        module.fail_json(msg="refused before any change: " + " | ".join(refusals), refusals=refusals)
+    module.exit_json(changed=False, refusals=[])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,377 @@
+"""The shared validator's rules, the node-side checks' parsers, the service account's refusals, the running-process
+judge, the dry parse, the model integrity code and the config-file escaping (curl config, unit words, arguments
+file): every newline or control character is refused before anything is written."""
+import hashlib
+import importlib
+import importlib.util
+import json
+import os
+import pwd
+import grp
+from collections import namedtuple
+from pathlib import Path
+
+import pytest
+
+from ansible_collections.hmk.moe_kit.plugins.module_utils import hmk_validate as v
+from ansible_collections.hmk.moe_kit.plugins.module_utils import hmk_model_integrity as integrity
+from ansible_collections.hmk.moe_kit.plugins.module_utils import hmk_model_sync as sync
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _module(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+account = _module("hmk_service_account", REPO / "plugins" / "modules" / "hmk_service_account.py")
+state = _module("hmk_inference_state", REPO / "plugins" / "modules" / "hmk_inference_state.py")
+gate = _module("hmk_inference_gate", REPO / "plugins" / "modules" / "hmk_inference_gate.py")
+svc = _module("inference_service_filters", REPO / "plugins" / "filter" / "inference_service.py")
+
+CONTROL = ["a\nb", "a\rb", "a\x00b", "a\x1bb", "a\x7fb", "a\u2028b", "a\x85b", "line\n"]
+
+
+def refused(rule, value, **opts):
+    return v.RULES[rule](value, **opts)
+
+
+# ----------------------------------------------------------------------------------- full matches only
+
+@pytest.mark.parametrize("rule,good,opts", [
+    ("text", "ok", {}), ("component", "tiny-deepseek2", {}), ("abs_path", "/srv/models", {}),
+    ("rel_path", "DeepSeek-R1/x.gguf", {}), ("url", "https://models.lab/gguf", {}), ("user", "moe", {}),
+    ("sysctl_key", "vm.max_map_count", {}), ("kernel_arg", "iommu=pt", {}), ("sha1", "a" * 40, {}),
+    ("journal_since", "-1h", {}), ("unit_name", "hmk-inference.service", {}), ("ip", "127.0.0.1", {}),
+    ("cidr", "10.0.0.0/24", {}), ("calendar", "weekly", {}), ("cmake_define", "-DGGML_CUDA=ON", {}),
+    ("package", "nvidia-open", {}), ("env_name", "CPU_INSTRUCT", {}), ("regex", "^tiny-", {}),
+])
+def test_every_rule_accepts_its_value_and_refuses_it_with_a_trailing_newline(rule, good, opts):
+    assert refused(rule, good, **opts) is None
+    assert refused(rule, good + "\n", **opts), "%s accepted %r" % (rule, good + "\n")
+
+
+@pytest.mark.parametrize("value", CONTROL)
+@pytest.mark.parametrize("rule", ["text", "secret", "abs_path", "url", "component", "rel_path"])
+def test_control_characters_and_line_breaks_are_refused_by_every_text_rule(rule, value):
+    assert refused(rule, ("/" if rule == "abs_path" else "http://h/" if rule == "url" else "") + value)
+
+
+def test_python_dollar_would_have_let_the_newline_through():
+    import re
+    assert re.match(r"^[0-9]{3}$", "570\n")  # why the kit never uses it for validation
+    assert v.check({"var": "x", "value": "570\n", "rule": "text", "pattern": "[0-9]{3}"})
+
+
+# ------------------------------------------------------------------------------------------- the rules
+
+def test_path_components_never_leave_their_directory():
+    for bad in ("../../tmp/x", "..", ".", ".hidden", "a/b", "a b", "", "x" * 256, "a;b", "$(id)"):
+        assert refused("component", bad), bad
+    for bad in ("../x", "/abs", "a//b", "a/../b", "a/.git"):
+        assert refused("rel_path", bad), bad
+    assert refused("rel_path", "DeepSeek-R1-IQ4_XS/split-00001.gguf") is None
+
+
+def test_absolute_paths_are_normalised_and_system_directories_are_not_owned():
+    assert refused("abs_path", "relative")
+    assert refused("abs_path", "/srv/../etc")
+    assert refused("abs_path", "/srv/a b")
+    assert "system directory /tmp" in refused("abs_path", "/tmp", not_system=True)
+    assert "outside /proc" in refused("abs_path", "/proc/sys/vm", not_system=True)
+    assert refused("abs_path", "/srv/models", not_system=True) is None
+    assert "under /dev" in refused("abs_path", "/tmp/disk", under=["/dev"])
+
+
+def test_urls_keep_to_their_schemes_and_carry_no_injection():
+    assert refused("url", "https://models.lab/gguf?x=1") is None
+    for bad in ("ftp://models.lab/x", "http://models.lab/$(id)", "http://models.lab/`id`", "http://models.lab/a b",
+                "http://user:pw@models.lab/", "http://models.lab/%0d%0aX", "http://models.lab/%zz", "models.lab/x",
+                "http://models.lab/a'b", "http:///nohost"):
+        assert refused("url", bad), bad
+    assert refused("url", "", allow_empty=True) is None
+
+
+def test_git_urls_refuse_command_transports_and_options():
+    for good in ("https://github.com/ikawrakow/ik_llama.cpp.git", "file:///srv/fixtures/ik_llama.cpp.git",
+                 "git@github.com:ikawrakow/ik_llama.cpp.git", "ssh://git@mirror.lab/ik.git"):
+        assert refused("git_url", good) is None, good
+    for bad in ("ext::sh -c touch% /tmp/p", "fd::17", "--upload-pack=id", "host:-oProxyCommand=x"):
+        assert refused("git_url", bad), bad
+
+
+def test_numbers_ports_and_addresses():
+    assert refused("int", 0, min=1) and refused("int", True) and refused("int", "5x")
+    assert refused("int", "7", min=1, max=9) is None
+    assert "from 1024" in refused("service_port", 22)
+    assert refused("service_port", 18551) is None
+    for bad in ("300.1.1.1", "localhost", "127.0.0.1\n", "1.2.3"):
+        assert refused("ip", bad), bad
+    assert refused("ip", "::1") is None
+    assert "narrower than /0" in refused("cidr", "0.0.0.0/0")
+    assert "narrower than /0" in refused("cidr", "::/0")
+
+
+def test_secrets_are_masked_and_need_length():
+    message = v.check({"var": "k", "value": "short\nsecond", "rule": "secret", "secret": True, "min_length": 24})[0]
+    assert "short" not in message and "second" not in message and "<secret, 12 characters>" in message
+    assert "line break" in message
+    assert refused("secret", "x" * 23, min_length=24)
+    assert refused("secret", "x" * 24, min_length=24) is None
+    assert refused("secret", "x" * 12 + " " + "x" * 12, no_whitespace=True)
+
+
+def test_modes_that_let_another_account_write_are_refused():
+    assert refused("mode", "0644") is None and refused("mode", "0750") is None
+    for bad in ("0666", "0664", "0646", "0777", "644", "420", "0o644"):
+        assert refused("mode", bad), bad
+
+
+def test_the_service_user_is_never_root():
+    assert "never root" in refused("user", "root")
+    assert refused("user", "root", not_root=False) is None
+    assert refused("user", "@moe", allow_group=True) is None
+    assert refused("user", "Moe") and refused("user", "moe;id")
+
+
+def test_unit_names_and_override_rules():
+    assert refused("unit_name", "hmk-inference") is None
+    assert "with a suffix" in refused("unit_name", "nvidia-persistenced", suffix_optional=False)
+    assert refused("unit_name", "a@b.service") and refused("unit_name", "../x.service")
+    assert refused("override_tensor", r"blk\.(3|4)\.ffn_.*_exps=CUDA0") is None
+    assert refused("override_tensor", "exps=GPU") and refused("override_tensor", "(=CPU")
+
+
+def test_journal_times_are_journalctl_times_only():
+    for good in ("-1h", "-2h 30min", "today", "2026-11-30", "2026-11-30 09:41:02", "+5m"):
+        assert refused("journal_since", good) is None, good
+    for bad in ("$(reboot)", "-1h; rm -rf /", "-1h\n", "yesterday && id"):
+        assert refused("journal_since", bad), bad
+
+
+def test_gpu_architectures_are_named_when_unknown():
+    assert refused("gpu_arch", ["89", "120"]) is None and refused("gpu_arch", "89;120") is None
+    message = v.check({"var": "gpus.arch", "value": "77", "rule": "gpu_arch"})[0]
+    assert message.startswith('gpus.arch = "77" refused')
+
+
+def test_composites_name_each_element():
+    out = v.check({"var": "xs", "value": ["ok", "bad\n"], "rule": "list", "elements": {"rule": "text"}})
+    assert len(out) == 1 and out[0].startswith("xs[1] = ")
+    out = v.check({"var": "env", "value": {"BAD NAME": "1"}, "rule": "dict", "keys": {"rule": "env_name"},
+                   "values": {"rule": "text"}})
+    assert out and out[0].startswith('env["BAD NAME"] key')
+    assert v.check({"var": "xs", "value": [], "rule": "list", "min_items": 1})
+    assert v.check({"var": "x", "value": 5, "rule": "int", "max": 1, "skip": True}) == []
+
+
+def test_sysctl_drop_in_lines_stay_single():
+    out = v.check({"var": "s", "value": {"vm.swappiness": 10, "kernel.core_pattern": "core\nvm.x=1",
+                                         "vm.max_map_count\n": 1, "vm.x": "1 2\t3"},
+                   "rule": "sysctl", "string_keys": ["kernel.core_pattern"]})
+    assert len(out) == 2
+    assert any("kernel.core_pattern" in o and "line break" in o for o in out)
+    assert any("vm.max_map_count\\n" in o for o in out)
+
+
+def test_the_profile_is_checked_in_full_for_the_preflight_and_in_part_elsewhere():
+    assert v.check_profile({}) == []
+    assert v.check_profile({}, complete=True)
+    out = v.check_profile({"cpu": {"numa_nodes_per_socket": 0}})
+    assert out == ['hmk_hardware.cpu.numa_nodes_per_socket = 0 refused: an integer from 1 to 8']
+    out = v.check_profile({"cpu": {}, "gpus": {"count": 0}, "models_path": "/srv/models", "models_min_free_gb": 1},
+                          "p", complete=True)
+    assert out and out[0].startswith("p.memory")
+    assert v.check_profile({"gpus": {"count": 1, "vram_gib": 24}})[0].startswith("hmk_hardware.gpus")
+
+
+# --------------------------------------------------------------------------------- on the node itself
+
+def test_proc_sys_paths_follow_sysctl():
+    assert v.proc_sys_path("vm.max_map_count") == "/proc/sys/vm/max_map_count"
+    assert v.proc_sys_path("net.ipv4.conf.eth0/100.rp_filter") == "/proc/sys/net/ipv4/conf/eth0.100/rp_filter"
+    assert v.proc_sys_path("net/ipv4/ip_forward") == "/proc/sys/net/ipv4/ip_forward"
+
+
+# /proc/net/tcp and tcp6 as the kernel prints them (sshd on 127.0.0.1:2386, the engine on [::]:18551).
+PROC_NET_TCP = """  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:0952 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 31337 1 0000000000000000 100 0 0 10 0
+   1: 0100007F:0952 0100007F:D3A4 01 00000000:00000000 02:0000A1F0 00000000     0        0 31338 2 0000000000000000 20 4 30 10 -1
+"""
+PROC_NET_TCP6 = """  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 00000000000000000000000000000000:4877 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000   998        0 4242 1 0000000000000000 100 0 0 10 0
+"""
+
+
+def test_listening_sockets_are_parsed_and_overlaps_found():
+    listeners = v.parse_proc_net_tcp(PROC_NET_TCP) + v.parse_proc_net_tcp(PROC_NET_TCP6, ipv6=True)
+    assert listeners == [("127.0.0.1", 2386, "31337"), ("::", 18551, "4242")]
+    assert v.port_holders(2386, "127.0.0.1", listeners, {}) == [("127.0.0.1", "31337", "")]
+    assert v.port_holders(2386, "0.0.0.0", listeners, {})
+    assert v.port_holders(2386, "127.0.0.2", listeners, {}) == []
+    assert v.port_holders(18551, "127.0.0.1", listeners, {})
+
+
+def test_the_unit_of_a_process_comes_from_its_cgroup():
+    v1 = "12:pids:/system.slice/ssh.service\n1:name=systemd:/system.slice/ssh.service\n"
+    assert v.unit_of_cgroup(v1) == "ssh.service"
+    assert v.unit_of_cgroup("0::/system.slice/hmk-inference.service\n") == "hmk-inference.service"
+    assert v.unit_of_cgroup("0::/user.slice/user-0.slice/session-4.scope\n") == "session-4.scope"
+
+
+# --------------------------------------------------------------------------------- the service account
+
+P = namedtuple("P", "pw_name pw_passwd pw_uid pw_gid pw_gecos pw_dir pw_shell")
+G = namedtuple("G", "gr_name gr_passwd gr_gid gr_mem")
+USERS = [P("root", "x", 0, 0, "root", "/root", "/bin/bash"),
+         P("alice", "x", 1000, 1000, "Alice", "/home/alice", "/bin/bash"),
+         P("moe", "x", 998, 998, account.MARK, "/nonexistent", "/usr/sbin/nologin"),
+         P("messagebus", "x", 100, 101, "", "/nonexistent", "/usr/sbin/nologin")]
+GROUPS = [G("root", "x", 0, []), G("alice", "x", 1000, []), G("moe", "x", 998, []), G("messagebus", "x", 101, []),
+          G("adm", "x", 4, ["alice"])]
+
+
+def test_the_kits_own_account_and_a_new_one_are_accepted():
+    assert account.account_problems("moe", "moe", account.MARK, USERS, GROUPS) == []
+    assert account.account_problems("inference", "inference", account.MARK, USERS, GROUPS) == []
+
+
+def test_root_and_accounts_the_kit_did_not_create_are_refused_untouched():
+    assert "never root" in account.account_problems("root", "root", account.MARK, USERS, GROUPS)[0]
+    message = account.account_problems("alice", "alice", account.MARK, USERS, GROUPS)[0]
+    assert "was not created by this kit" in message and "/home/alice" in message and "usermod -c" in message
+    assert account.account_problems("messagebus", "messagebus", account.MARK, USERS, GROUPS)
+    assert "adm also belongs to alice" in account.account_problems("moe", "adm", account.MARK, USERS, GROUPS)[0]
+
+
+# ------------------------------------------------------------------------------- the running engine
+
+def test_drift_is_judged_from_the_process_not_the_records():
+    argv = ["/opt/hmk/engines/ik_llama.cpp/current/bin/llama-server", "-np", "2"]
+    assert state.judge(argv, argv, 100.0, {"/etc/hmk/a.args": 90.0}) == []
+    drift = state.judge(argv, argv[:1], 100.0, {"/etc/hmk/a.args": 101.0, "/srv/x.gguf": None},
+                        exe="/opt/x/builds/old/bin/llama-server", binary="/opt/x/builds/new/bin/llama-server")
+    assert any("lacks 2 argument(s)" in d for d in drift)
+    assert any("/etc/hmk/a.args changed after the engine started" == d for d in drift)
+    assert any("/srv/x.gguf is missing" == d for d in drift)
+    assert any("builds/old" in d and "builds/new" in d for d in drift)
+
+
+def test_the_gate_fails_early_on_a_failed_or_restarting_unit():
+    first = {"ActiveState": "activating", "NRestarts": "0"}
+    assert gate.verdict(first, {"ActiveState": "active", "SubState": "running", "NRestarts": "0"}) is None
+    assert "failed" in gate.verdict(first, {"ActiveState": "failed", "Result": "exit-code", "ExecMainStatus": "78"})
+    assert "restarting" in gate.verdict(first, {"ActiveState": "activating", "SubState": "auto-restart",
+                                                "NRestarts": "1", "ExecMainStatus": "1"})
+
+
+def test_the_dry_parse_swaps_the_model_and_finds_the_parsers_refusals():
+    argv = ["/x/llama-server", "-m", "/srv/models/m.gguf", "--port", "18551", "--hmk-no-such-flag"]
+    assert svc.dry_parse_argv(argv)[2] == svc.DRY_PARSE_MODEL and svc.dry_parse_argv(argv)[:2] == argv[:2]
+    refused_output = ("error: unknown argument: --hmk-no-such-flag\nusage: /x/llama-server [options]\n\n"
+                      "general:\n  -h,    --help, --usage          print usage and exit\n")
+    assert svc.dry_parse_errors(refused_output)[:2] == ["error: unknown argument: --hmk-no-such-flag",
+                                                          "usage: /x/llama-server [options]"]
+    accepted_output = ("INFO [main] build info | build=4411 commit=\"55d3c05\"\n"
+                       "llama_model_load: error loading model: failed to open /nonexistent/hmk-dry-parse.gguf\n"
+                       "ERR [main] unable to load model | model=\"/nonexistent/hmk-dry-parse.gguf\"\n")
+    assert svc.dry_parse_errors(accepted_output) == []
+
+
+def test_slot_reporting_is_always_off_and_cannot_be_switched_back_on():
+    opts = {"engine": "ik_llama.cpp", "accepted": ["-t", "--host", "-ngl", "-c", "-ctk", "-ctv", "--metrics"],
+            "model": "/m.gguf", "threads": 1}
+    assert "--no-slots" in svc.llama_argv(opts)
+    for extra in (["--slots"], ["--api-key-file", "/tmp/k"], ["--api-key=abc"]):
+        with pytest.raises(svc.AnsibleFilterError):
+            svc.llama_argv(dict(opts, extra=extra))
+
+
+# --------------------------------------------------------------------------- config files take one line
+
+@pytest.mark.parametrize("value", CONTROL)
+def test_the_curl_config_refuses_line_breaks_and_control_characters(value):
+    with pytest.raises(sync.SyncError):
+        sync.curl_config("http://store/" + value, None)
+    with pytest.raises(sync.SyncError):
+        sync.curl_config("http://store/x", "tok" + value)
+
+
+def test_the_curl_config_escapes_what_it_quotes():
+    config = sync.curl_config('http://store/a"b\\c', 'to"k\\en').decode()
+    assert config == 'url = "http://store/a\\"b\\\\c"\nheader = "Authorization: Bearer to\\"k\\\\en"\n'
+
+
+@pytest.mark.parametrize("value", ["a\nb", "a\rb", "a\x00b"])
+def test_unit_words_and_argument_files_refuse_line_breaks(value):
+    with pytest.raises(svc.AnsibleFilterError):
+        svc.systemd_word("/etc/hmk/" + value)
+    with pytest.raises(svc.AnsibleFilterError):
+        svc.args_file(["/x/llama-server", "--alias", value])
+
+
+def test_catalog_ids_and_file_names_are_refused_before_a_path_is_built(tmp_path):
+    files = [{"name": "x.gguf", "size": 1, "sha256": "0" * 64}]
+    problems = sync.validate_catalog({"../../tmp/x": {"files": files, "source_dir": "../etc"}}, ["../../tmp/x"])
+    assert any("model id" in p for p in problems) and any("source_dir" in p for p in problems)
+    with pytest.raises(sync.SyncError, match="model id"):
+        sync.Syncer("../../tmp/x", str(tmp_path / "m"), str(tmp_path / "s"), str(tmp_path / "q"), files,
+                    sync.Source("local", str(tmp_path)))
+    assert sync.validate_catalog({"m": {"files": [dict(files[0], name="a\nb.gguf")]}}, ["m"])
+
+
+# ------------------------------------------------------------------------------------ model integrity
+
+def _gguf(tmp_path, name="m-00001-of-00001.gguf"):
+    """A minimal valid GGUF (v3, no metadata, one tensor) followed by data."""
+    import struct
+    head = b"GGUF" + struct.pack("<IQQ", 3, 1, 0)
+    tensor = struct.pack("<Q", 1) + b"t" + struct.pack("<I", 1) + struct.pack("<Q", 64) + struct.pack("<I", 0)
+    tensor += struct.pack("<Q", 0)
+    body = head + tensor
+    body += b"\0" * (-len(body) % 32) + bytes(range(256))
+    path = tmp_path / name
+    path.write_bytes(body)
+    return path
+
+
+def test_the_prestart_check_names_a_missing_truncated_or_unreadable_file(tmp_path):
+    good = _gguf(tmp_path)
+    manifest = {"files": [{"path": str(good), "size": good.stat().st_size}]}
+    assert integrity.prestart_problems(manifest) == []
+    good.write_bytes(good.read_bytes()[:-10])
+    assert "is %d bytes, %d were recorded" % (good.stat().st_size, good.stat().st_size + 10) in \
+        integrity.prestart_problems(manifest)[0]
+    garbage = tmp_path / "g.gguf"
+    garbage.write_bytes(b"NOTGGUF" + b"\0" * 100)
+    assert "no readable GGUF header" in integrity.prestart_problems({"files": [{"path": str(garbage), "size": 107}]})[0]
+    assert "is missing" in integrity.prestart_problems({"files": [{"path": str(tmp_path / "nope.gguf"), "size": 1}]})[0]
+
+
+def test_the_rehash_quarantines_a_flipped_bit_and_keeps_the_rest(tmp_path):
+    root, stamps, quarantine = tmp_path / "models", tmp_path / "models" / ".hmk-sync", tmp_path / "models" / ".quarantine"
+    (root / "m").mkdir(parents=True)
+    (stamps / "m").mkdir(parents=True)
+    for name, data in (("a.gguf", b"a" * 1000), ("b.gguf", b"b" * 1000)):
+        (root / "m" / name).write_bytes(data)
+        (stamps / "m" / (name + ".json")).write_text(json.dumps({"sha256": hashlib.sha256(data).hexdigest(),
+                                                                 "size": 1000}))
+    before = os.stat(root / "m" / "b.gguf")
+    with open(root / "m" / "b.gguf", "r+b") as handle:
+        handle.seek(500)
+        handle.write(b"c")
+    os.utime(root / "m" / "b.gguf", ns=(before.st_atime_ns, before.st_mtime_ns))
+    record = integrity.rehash(str(root), str(stamps), str(quarantine))
+    assert not record["ok"] and record["files_checked"] == 2
+    assert [m["file"] for m in record["mismatches"]] == ["b.gguf"]
+    assert not (root / "m" / "b.gguf").exists() and not (stamps / "m" / "b.gguf.json").exists()
+    assert Path(record["mismatches"][0]["quarantined_to"]).read_bytes()[500:501] == b"c"
+    assert (root / "m" / "a.gguf").exists()
+    prom = integrity.metrics(record)
+    assert "hmk_model_integrity_ok 0\n" in prom
+    assert 'hmk_model_integrity_file_mismatch{model="m",file="b.gguf"} 1' in prom
+    again = integrity.rehash(str(root), str(stamps), str(quarantine))
+    assert again["ok"] and again["files_checked"] == 1
