@@ -31,8 +31,8 @@ def test_report_header_and_every_check(report, findings):
     assert report["schema"] == "hmk-doctor/1" and report["host"] == "doctor-node"
     assert report["profile"] == "lab-twin" and report["service"] == "hmk-inference.service"
     ids = {f["id"] for f in findings}
-    assert ids == {"service_state", "model_integrity", "engine_flags", "engine_errors", "nvidia_driver", "engine_isa", "platform",
-                   "gpu_present", "gpu_devices", "gpu_placement", "numa_balancing", "numa_nodes_per_socket",
+    assert ids == {"service_state", "model_integrity", "engine_flags", "engine_errors", "nvidia_driver", "engine_isa",
+                   "platform", "gpu_present", "gpu_devices", "gpu_placement", "numa_balancing", "numa_nodes_per_socket",
                    "numa_memoryless_cpu_nodes", "numa_memory_only_nodes", "numa_memory_placement", "memory_channels",
                    "smt", "model_page_cache", "gpu_pcie_link", "pcie_aspm", "cpu_governor"}
     for f in findings:
