@@ -12,7 +12,8 @@ DEB_PACKAGES := qemu-system-x86 qemu-utils debootstrap grub-pc-bin grub2-common 
 LAB_ARGS ?=
 LAB_KIND ?= container
 
-.PHONY: help deps venv image lab lab-down lint syntax unit integration collection ee cuda-sample molecule kt-native test test-quick bench fleet-bench clean
+.PHONY: help deps venv image lab lab-down lint syntax unit integration collection ee cuda-sample molecule kt-native test test-quick bench fleet-bench clean \
+	gpu-bundle gpu-acceptance
 
 help:
 	@echo "make lab         twin of an EPYC node as epyc-node + site.yml against it (LAB_KIND=container|vm)"
@@ -20,6 +21,7 @@ help:
 	@echo "make test        everything CI runs: lint, syntax, unit tests, every Molecule scenario"
 	@echo "make test-quick  lint, syntax, unit tests (no twins)"
 	@echo "make bench       the test bed's costs (image, boot, reboot, container, scenarios)"
+	@echo "make gpu-bundle  stage what tests/gpu/acceptance.sh needs on a GPU machine without internet"
 	@echo "make collection  build the hmk.moe_kit tarball, install it apart, syntax-check every playbook by FQCN"
 	@echo "make ee          the execution environment's build context (ansible-builder create) in .cache/ee/context"
 	@echo "make fleet-bench site.yml over a fleet of container twins, timed (benchmarks/fleet.sh; ~25 min, not in CI)"
@@ -94,6 +96,14 @@ ee: venv
 # from PyPI, pinned by hash) through the role's own flag derivation, compile a few CUDA objects.
 cuda-sample: venv
 	tests/cuda/configure-and-compile-sample.sh
+
+# What tests/gpu/acceptance.sh needs on a GPU machine without internet (the pinned engine source, cmake, the tiny
+# model, the role data), staged into .cache/gpu-bundle (29 MiB); then, on the GPU machine, `make gpu-acceptance`.
+gpu-bundle: venv
+	scripts/make-gpu-bundle
+
+gpu-acceptance:
+	tests/gpu/acceptance.sh .cache/gpu-bundle gpu-acceptance
 
 test-quick: lint syntax unit
 

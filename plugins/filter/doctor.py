@@ -15,8 +15,10 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import json
 import re
 
+from ansible_collections.hmk.moe_kit.plugins.module_utils import hmk_engine_log, hmk_nvidia_devices
 from ansible_collections.hmk.moe_kit.plugins.module_utils import hmk_hardware as hw
 
 SEVERITIES = ("critical", "warning", "info", "ok")
@@ -25,6 +27,7 @@ SEVERITIES = ("critical", "warning", "info", "ok")
 # started one (flags, engine errors, driver), then what throws DRAM bandwidth away, then PCIe and power.
 ORDER = ("service_state", "model_integrity", "engine_flags", "engine_errors", "nvidia_driver", "engine_isa", "platform",
          "gpu_present",
+         "gpu_devices", "gpu_placement",
          "numa_balancing", "numa_nodes_per_socket", "numa_memoryless_cpu_nodes", "numa_memory_only_nodes",
          "numa_memory_placement", "memory_channels", "smt", "model_page_cache", "gpu_pcie_link", "pcie_aspm",
          "cpu_governor")
@@ -698,8 +701,80 @@ def check_engine_isa(raw):
     return _finding("engine_isa", "ok", "The engine uses the CPU's vector extensions", evidence, "Nothing to do.")
 
 
+
+def _gpu_node(raw):
+    return bool((raw.get("hardware") or {}).get("gpus")) or (_int(_profile_get(raw.get("profile"), "gpus", "count"), 0) or 0) > 0
+
+
+def check_gpu_devices(raw):
+    """The driver's character devices, /dev/nvidia-uvm and the unit's DeviceAllow rules, on a GPU node."""
+    if not _gpu_node(raw):
+        return _finding("gpu_devices", "info", "No GPU on this node; no NVIDIA device to check",
+                        "no NVIDIA GPU on the PCI bus and gpus.count 0", "Nothing to do on a CPU-only node.")
+    devices = raw.get("gpu_devices") or {}
+    # The installed unit's own rules; without a unit, the rule the inference_service role renders.
+    allow = [w for w in re.split(r"\s+", devices.get("device_allow") or "") if w.startswith(("char-", "/dev/"))]
+    result = hmk_nvidia_devices.nvidia(devices.get("proc_devices"),
+                                       allow if devices.get("unit_loaded") else ["char-nvidia*"])
+    evidence = "%s: %s; /dev/nvidia-uvm %s; unit DeviceAllow=%s" % (
+        result["naming"] or "no NVIDIA driver", ", ".join(result["names"]) or "none",
+        "present" if devices.get("uvm_node") else "missing", devices.get("device_allow") or "(not read)")
+    problems = list(result["problems"])
+    if result["control_major"] is not None and not devices.get("uvm_node"):
+        problems.append({"what": "/dev/nvidia-uvm is missing",
+                         "fix": "systemctl start hmk-nvidia-device-nodes.service (nvidia_driver role; nvidia-modprobe -u "
+                                "-c=0): the sandboxed engine cannot create it and CUDA finds no device without it."})
+    if problems:
+        return _finding("gpu_devices", "critical", "The engine cannot open the GPUs: " + problems[0]["what"], evidence,
+                        " ".join(p["fix"] for p in problems))
+    return _finding("gpu_devices", "ok", "The NVIDIA devices exist and the unit may open them", evidence,
+                    "Nothing to do.")
+
+
+def check_gpu_placement(raw):
+    """The running engine's own log of its start and nvidia-smi against the plan: the health gate, on demand."""
+    placement = raw.get("gpu_placement") or {}
+    _load, active, _sub = _service_state(raw)
+    if not _gpu_node(raw):
+        return _finding("gpu_placement", "info", "No GPU on this node; no placement to check",
+                        "gpus.count 0", "Nothing to do on a CPU-only node.")
+    if active != "active":
+        return _finding("gpu_placement", "info", "The service is not running; the placement cannot be read",
+                        "ActiveState=%s" % (active or "unknown"), "See the service_state finding.")
+    try:
+        plan = json.loads(placement.get("plan") or "")
+    except ValueError:
+        plan = None
+    if not plan or not ((plan.get("plan") or {}).get("gpus")):
+        return _finding("gpu_placement", "info", "No GPU placement plan to compare with",
+                        "no readable NAME-plan.json with GPUs (%s)" % (placement.get("plan_path") or "?"),
+                        "Deploy the service with playbooks/serve.yml; the inference_service role writes the plan.")
+    if plan.get("engine") not in ("ik_llama.cpp", "llama.cpp"):
+        return _finding("gpu_placement", "info", "The engine's log format is not one the doctor reads",
+                        "engine %s" % plan.get("engine"), "Read its log by hand: journalctl -u UNIT -b.")
+    apps = None
+    if placement.get("smi_rc") in (0, "0"):
+        apps = hmk_engine_log.parse_smi_apps(placement.get("smi_apps"), hmk_engine_log.parse_smi_gpus(placement.get("smi_gpus")))
+    result = hmk_engine_log.evaluate(hmk_engine_log.parse(placement.get("engine_log")), plan, apps,
+                                     _int(placement.get("pid")))
+    passed = [c["detail"] for c in result["checks"] if c["status"] == "pass"]
+    if result["ok"]:
+        return _finding("gpu_placement", "ok", "The engine runs on the GPUs as planned", "; ".join(passed) or "-",
+                        "Nothing to do.")
+    lines = hmk_engine_log.summary(result)
+    if result["cpu_only"]:
+        return _finding("gpu_placement", "critical", "Serving CPU-only on a GPU node", " | ".join(lines),
+                        result["differences"][0]["fix"])
+    severe = {"out_of_memory", "model_load", "cuda_devices", "offloaded_layers", "gpu_layers"}
+    severity = "critical" if any(d["check"] in severe for d in result["differences"]) else "warning"
+    return _finding("gpu_placement", severity, "The engine's GPU placement differs from the plan: %s" % ", ".join(
+        sorted(set(d["check"] for d in result["differences"]))), " | ".join(lines),
+        " ".join(sorted(set(d["fix"] for d in result["differences"]))))
+
+
 CHECKS = (check_service, check_model_integrity, check_engine_flags, check_engine_errors, check_nvidia_driver,
-          check_engine_isa, check_platform, check_gpu_present, check_numa_balancing, check_nps, check_memory_nodes,
+          check_engine_isa, check_platform, check_gpu_present, check_gpu_devices,
+          check_gpu_placement, check_numa_balancing, check_nps, check_memory_nodes,
           check_memory_channels, check_smt, check_page_cache, check_gpu_links, check_aspm, check_governor)
 
 
@@ -781,4 +856,5 @@ class FilterModule(object):
             "doctor_failing": failing,
             "doctor_text": text,
             "doctor_markdown": markdown,
+            "doctor_systemctl_show": parse_systemctl_show,
         }

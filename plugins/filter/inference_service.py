@@ -20,6 +20,8 @@ try:
 except ImportError:  # imported without Ansible (unit tests in a bare interpreter)
     AnsibleFilterError = ValueError
 
+from ansible_collections.hmk.moe_kit.plugins.module_utils import hmk_engine_log, hmk_nvidia_devices
+
 GIB = 1024 ** 3
 GB = 1000 ** 3
 
@@ -35,7 +37,7 @@ MLA_ARCHS = ("deepseek2",)
 # changed between commits come from llama_build's per-version table (llama_build_engine_flags).
 # --no-slots: ik_llama.cpp (common.cpp at the pin) and mainline (common/arg.cpp since 2024-09) both parse it; the
 # service's dry parse against the built binary confirms it before every unit change.
-LLAMA_STABLE_FLAGS = ("-m", "--port", "-b", "--api-key-file", "--alias", "-np", "--no-slots", "-tb")
+LLAMA_STABLE_FLAGS = ("-m", "--port", "-b", "--api-key-file", "--alias", "-np", "--no-slots", "-tb", "-ts")
 NUMA_MODES = ("distribute", "isolate", "numactl")
 
 
@@ -122,6 +124,8 @@ def llama_argv(opts):
             argv += ["-amb", str(int(opts["amb"]))]
     for rule in opts.get("ot") or []:
         argv += [need("-ot"), str(rule)]
+    if opts.get("ts"):
+        argv += [need("-ts"), ",".join("%g" % float(v) for v in opts["ts"])]
     if int(opts.get("numa_nodes") or 1) > 1:
         mode = str(opts.get("numa_mode") or "distribute")
         if mode not in NUMA_MODES:
@@ -141,6 +145,9 @@ def llama_argv(opts):
     if opts.get("api_key_file"):
         argv += ["--api-key-file", str(opts["api_key_file"])]
     extra = [str(a) for a in opts.get("extra") or []]
+    if opts.get("ts") and ("-ts" in extra or "--tensor-split" in extra):
+        _fail("the placement plan renders -ts to keep each layer's experts on the GPU that holds the layer; "
+              "remove -ts/--tensor-split from inference_service_extra_args (or give explicit -ot rules)")
     reasons = {
         "--api-key": "the key would be visible in /proc/<pid>/cmdline; set inference_service_api_key",
         "--api-key-file": "the unit hands the key over; set inference_service_api_key",
@@ -309,63 +316,209 @@ def _ranges(layers):
     return "|".join(str(n) for n in sorted(layers))
 
 
-def placement_plan(layout, vram, kv_bytes, compute_reserve=3 * GIB, overhead=GIB, max_gpu_layers=-1):
-    """Which MoE layers' routed experts live on which GPU; the rest stay in DRAM (buffer CPU).
+# How the engines share the offloaded layers out over several GPUs (split mode "layer", the default),
+# read in their sources:
+# - "layers": mainline llama.cpp (llama-model.cpp, load_tensors) and ik_llama.cpp before #1466 give layer i
+#   to the first GPU whose cumulative -ts share exceeds (i - i_gpu_start) / min(ngl, n_layer + 1); without
+#   -ts the shares are each GPU's free memory at load time.
+# - "bytes": ik_llama.cpp since #1466 (2026-03-19; the kit's pin 55d3c05 has it) walks the layers' sizes
+#   (every weight of the layer, routed experts included, plus its KV cache; the output layer last) and
+#   fills GPU k up to its share of (sum of sizes + one compute buffer per GPU), counting a compute buffer
+#   per GPU; a layer that straddles the border goes where it overshoots less.
+# Without -ts both depend on the free memory at start, so the plan renders a -ts that reproduces its blocks.
+IK_BYTES_SPLIT_SINCE = "2026-03-19"
 
-    layout: {"expert_bytes": {layer: bytes}, "non_expert_bytes": int} (the GGUF reader's output).
-    vram: list of bytes per GPU. Attention, shared experts, dense layers and the KV cache are spread
-    over the GPUs in proportion to their VRAM (-ngl 99 with llama.cpp's layer split), and every GPU
-    keeps `compute_reserve` + `overhead` free. Whole layers are then placed in layer order, filling
-    GPU0, then GPU1, ...; a layer is never split across GPUs. A GPU too small for anything but
-    attention gets no experts (all on CPU), with a warning, never an error.
-    max_gpu_layers: cap on layers placed on GPUs (-1: as many as fit; 0: all experts on CPU).
-    """
-    experts = {int(k): int(v) for k, v in (layout.get("expert_bytes") or {}).items()}
-    non_expert = int(layout.get("non_expert_bytes") or 0)
-    vram = [int(v) for v in vram or []]
-    total_vram = sum(vram)
-    gpus, warnings = [], []
+
+def split_model(engine, commit_date=""):
+    """The layer-split rule of an engine build: "bytes" (ik_llama.cpp since #1466) or "layers"."""
+    if engine == "ik_llama.cpp" and str(commit_date or "")[:10] >= IK_BYTES_SPLIT_SINCE:
+        return "bytes"
+    return "layers"
+
+
+def layer_table(layout, kv_bytes):
+    """(n_layer, weights per layer incl. experts, experts per layer, KV per layer, output layer bytes)."""
+    meta = layout.get("metadata") or {}
+    experts = dict((int(k), int(v)) for k, v in (layout.get("expert_bytes") or {}).items())
+    totals = dict((int(k), int(v)) for k, v in (layout.get("layer_bytes") or {}).items())
+    known = list(experts) + list(totals)
+    n_layer = int(meta.get("block_count") or 0) or (max(known) + 1 if known else 0)
+    if totals:
+        weights = [totals.get(i, 0) for i in range(n_layer)]
+        output = int(layout.get("output_bytes") or 0)
+    else:
+        # A layout without the per-layer table (a record from before it existed): the non-expert weights
+        # are spread evenly over the layers and the output layer counts as nothing.
+        share = int(layout.get("non_expert_bytes") or 0) // max(n_layer, 1)
+        weights = [share + experts.get(i, 0) for i in range(n_layer)]
+        output = 0
+    kv = [int(kv_bytes) // max(n_layer, 1)] * n_layer
+    return n_layer, weights, experts, kv, output
+
+
+def _blocks(first, n_layer, vram):
+    """Contiguous blocks of the offloaded layers [first, n_layer), one per GPU, sized by its VRAM."""
+    count = n_layer - first
+    total = float(sum(vram)) or 1.0
+    ends, cumulative = [], 0
     for index, size in enumerate(vram):
-        share = float(size) / total_vram if total_vram else 0.0
-        base = int((non_expert + int(kv_bytes)) * share) + int(compute_reserve) + int(overhead)
-        gpus.append({"device": "CUDA%d" % index, "vram_bytes": size, "base_bytes": base,
-                     "free_for_experts_bytes": max(size - base, 0), "layers": [], "expert_bytes": 0})
-        if base > size:
-            warnings.append("CUDA%d: attention, KV cache and reserves need %.1f GiB of its %.1f GiB; lower "
-                            "inference_service_ctx or the reserves, or expect an out-of-memory at load"
-                            % (index, base / float(GIB), size / float(GIB)))
-    cpu_layers = []
-    current = 0
+        cumulative += size
+        end = first + int(round(count * cumulative / total))
+        low = (ends[-1] if ends else first) + (1 if count >= len(vram) else 0)
+        high = n_layer - ((len(vram) - index - 1) if count >= len(vram) else 0)
+        ends.append(min(max(end, low), high) if index < len(vram) - 1 else n_layer)
+    starts = [first] + ends[:-1]
+    return [list(range(a, b)) for a, b in zip(starts, ends)]
+
+
+def tensor_split(blocks, model, n_layer, ngl, sizes=None, compute=0):
+    """-ts values that make the engine's own split give each GPU exactly its block.
+
+    model "layers": the cumulative share of GPU k sits half a layer before its block's end.
+    model "bytes": GPU k's border sits a quarter of the first next layer's size past its block, so an
+    error in the engine's compute-buffer estimate or the KV size of up to that much moves nothing.
+    sizes: the engine's layer sizes (layers 0..n_layer-1, then the output layer), for "bytes".
+    """
+    if len(blocks) < 2:
+        return []
+    first = max(n_layer - int(ngl), 0)
+    if model == "layers":
+        active = min(int(ngl), n_layer + 1)
+        edges = [(block[-1] + 1 - first - 0.5) / float(active) if block else None for block in blocks[:-1]]
+    else:
+        n_last = n_layer + 1 if int(ngl) > n_layer else n_layer
+        total = float(compute * len(blocks) + sum(sizes[first:n_last]))
+        edges, loaded = [], 0.0
+        for block in blocks[:-1]:
+            loaded += compute + sum(sizes[i] for i in block)
+            nxt = block[-1] + 1 if block else first
+            edges.append((loaded + sizes[nxt] / 4.0) / total)
+    shares, last = [], 0.0
+    for edge in edges:
+        edge = last if edge is None else edge
+        shares.append(edge - last)
+        last = edge
+    shares.append(1.0 - last)
+    return [float("%.6g" % share) for share in shares]
+
+
+def engine_layer_devices(model, splits, n_layer, ngl, sizes=None, compute=0):
+    """Which GPU the engine gives each offloaded layer (and the output layer, index n_layer) for -ts splits.
+
+    The engines' own rules (see IK_BYTES_SPLIT_SINCE), used by the tests and by the proof on the node to
+    check that a -ts gives the planned blocks.
+    """
+    count = len(splits)
+    total_share = float(sum(splits)) or 1.0
+    cumulative, running = [], 0.0
+    for share in splits:
+        running += share
+        cumulative.append(running / total_share)
+    first = max(n_layer - int(ngl), 0)
+    devices = {}
+    if model == "layers":
+        active = min(int(ngl), n_layer + 1)
+        last = n_layer + 1 if int(ngl) > n_layer else n_layer
+        for layer in range(first, last):
+            value = float(layer - first) / active
+            devices[layer] = next((k for k, edge in enumerate(cumulative) if edge > value), count - 1)
+        return devices
+    n_last = n_layer + 1 if int(ngl) > n_layer else n_layer
+    total = compute * count + sum(sizes[first:n_last])
+    for layer in range(first, n_last):
+        devices[layer] = count - 1
+    layer, loaded = first, 0.0
+    for index in range(count):
+        loaded += compute
+        split_size = cumulative[index] * total
+        while layer < n_last:
+            if loaded + sizes[layer] <= split_size:
+                devices[layer] = index
+                loaded += sizes[layer]
+                layer += 1
+                continue
+            if loaded + sizes[layer] - split_size < split_size - loaded:
+                devices[layer] = index
+                loaded += sizes[layer]
+                layer += 1
+            break
+    return devices
+
+
+def placement_plan(layout, vram, kv_bytes, compute_reserve=3 * GIB, overhead=GIB, max_gpu_layers=-1,
+                   ngl=99, model="layers"):
+    """Which layers each GPU holds, and which MoE layers' routed experts go with them; the rest in DRAM.
+
+    layout: the GGUF reader's output (expert_bytes, layer_bytes, output_bytes, metadata.block_count).
+    vram: bytes per GPU. With -ngl N the engine offloads the last N layers (all of them and the output
+    layer when N > n_layer) and gives each GPU one contiguous block of them: attention, shared experts,
+    dense FFNs and the KV cache of a layer live on the GPU that holds the layer. Blocks are sized by VRAM;
+    the rendered -ts (tensor_split) makes the engine's split (model: "layers" or "bytes", see split_model)
+    give exactly these blocks. Each GPU then takes whole MoE layers' experts from its own block, in layer
+    order, while base (its block's non-expert weights + KV + output layer on the last GPU + the
+    reserves) plus experts stay inside its VRAM: a layer never has its attention on one GPU and its
+    experts on another. A GPU too small for anything but its block gets no experts, with a warning.
+    max_gpu_layers: cap on MoE layers whose experts go to GPUs (-1: as many as fit; 0: all on CPU).
+    """
+    n_layer, weights, experts, kv, output = layer_table(layout, kv_bytes)
+    vram = [int(v) for v in vram or []]
+    ngl = int(ngl)
+    first = max(n_layer - ngl, 0) if vram else n_layer
+    output_on_gpu = bool(vram) and ngl > n_layer
+    blocks = _blocks(first, n_layer, vram) if vram else []
     limit = int(max_gpu_layers)
-    placed = 0
-    for layer in sorted(experts):
-        size = experts[layer]
-        while current < len(gpus) and gpus[current]["expert_bytes"] + size > gpus[current]["free_for_experts_bytes"]:
-            current += 1
-        if current >= len(gpus) or (0 <= limit <= placed):
-            current = len(gpus)
-            cpu_layers.append(layer)
-            continue
-        gpus[current]["layers"].append(layer)
-        gpus[current]["expert_bytes"] += size
-        placed += 1
-    for gpu in gpus:
-        gpu["expected_bytes"] = gpu["base_bytes"] + gpu["expert_bytes"]
+    gpus, warnings, placed = [], [], 0
+    for index, size in enumerate(vram):
+        block = blocks[index]
+        holds_output = output_on_gpu and index == len(vram) - 1
+        block_kv = sum(kv[i] for i in block)
+        non_expert = sum(weights[i] - experts.get(i, 0) for i in block) + (output if holds_output else 0)
+        base = non_expert + block_kv + int(compute_reserve) + int(overhead)
+        gpu = {"device": "CUDA%d" % index, "vram_bytes": size, "block": [block[0], block[-1]] if block else [],
+               "holds_output": holds_output, "kv_bytes": block_kv, "base_bytes": base,
+               "free_for_experts_bytes": max(size - base, 0), "layers": [], "expert_bytes": 0}
+        if base > size:
+            warnings.append("CUDA%d: its layers' attention and KV cache and the reserves need %.1f GiB of its %.1f GiB; "
+                            "lower inference_service_ctx or the reserves, or expect an out-of-memory at load"
+                            % (index, base / float(GIB), size / float(GIB)))
+        for layer in block:
+            if layer not in experts or (0 <= limit <= placed):
+                continue
+            if gpu["expert_bytes"] + experts[layer] > gpu["free_for_experts_bytes"]:
+                break
+            gpu["layers"].append(layer)
+            gpu["expert_bytes"] += experts[layer]
+            placed += 1
+        gpu["weights_bytes"] = non_expert + gpu["expert_bytes"]
+        gpu["expected_bytes"] = base + gpu["expert_bytes"]
         gpu["expected_gib"] = round(gpu["expected_bytes"] / float(GIB), 2)
-    if gpus and not any(g["layers"] for g in gpus) and experts and limit != 0:
-        warnings.append("no MoE layer's experts fit beside attention and the KV cache: all routed experts stay "
+        gpus.append(gpu)
+    on_gpu = set(n for g in gpus for n in g["layers"])
+    cpu_layers = [n for n in sorted(experts) if n not in on_gpu]
+    if gpus and not on_gpu and experts and limit != 0:
+        warnings.append("no MoE layer's experts fit beside the GPUs' attention and KV cache: all routed experts stay "
                         "in DRAM (buffer CPU)")
-    return {
+    if vram and len(vram) > n_layer - first:
+        warnings.append("%d GPUs but only %d offloaded layers: some GPUs hold nothing" % (len(vram), n_layer - first))
+    sizes = [w + k for w, k in zip(weights, kv)] + [output]
+    splits = tensor_split(blocks, model, n_layer, ngl, sizes, int(compute_reserve)) if vram else []
+    plan = {
         "gpus": gpus,
         "cpu_layers": cpu_layers,
         "cpu_expert_bytes": sum(experts[n] for n in cpu_layers),
-        "gpu_layer_count": sum(len(g["layers"]) for g in gpus),
+        "gpu_layer_count": len(on_gpu),
         "moe_layer_count": len(experts),
-        "non_expert_bytes": non_expert,
+        "non_expert_bytes": int(layout.get("non_expert_bytes") or 0),
         "kv_bytes": int(kv_bytes),
+        "n_layer": n_layer,
+        "ngl": ngl,
+        "offloaded_layers": min(ngl, n_layer + 1) if vram else 0,
+        "split_model": model,
+        "tensor_split": splits,
         "warnings": warnings,
-        "rules": ot_rules({"gpus": gpus}),
     }
+    plan["rules"] = ot_rules(plan)
+    return plan
 
 
 def ot_rules(plan):
@@ -387,19 +540,28 @@ def rule_buffer(rules, tensor):
     return None
 
 
+def _block_text(gpu):
+    block = gpu.get("block") or []
+    text = "%d-%d" % (block[0], block[1]) if block else "none"
+    return text + (" + output" if gpu.get("holds_output") else "")
+
+
 def plan_markdown(plan, title=""):
     """The plan as a short Markdown page (written beside the unit)."""
     lines = ["# Expert placement%s" % (": " + title if title else ""), ""]
-    lines.append("| device | MoE layers with experts here | experts | attention/KV/reserves | expected | VRAM |")
-    lines.append("|---|---|---|---|---|---|")
+    lines.append("| device | layers it holds | MoE layers with experts here | experts | attention/KV/reserves | expected | VRAM |")
+    lines.append("|---|---|---|---|---|---|---|")
     for gpu in plan["gpus"]:
-        lines.append("| %s | %s | %.2f GiB | %.2f GiB | %.2f GiB | %.2f GiB |" % (
-            gpu["device"], _ranges(gpu["layers"]) or "none", gpu["expert_bytes"] / float(GIB),
+        lines.append("| %s | %s | %s | %.2f GiB | %.2f GiB | %.2f GiB | %.2f GiB |" % (
+            gpu["device"], _block_text(gpu), _ranges(gpu["layers"]) or "none", gpu["expert_bytes"] / float(GIB),
             gpu["base_bytes"] / float(GIB), gpu["expected_bytes"] / float(GIB), gpu["vram_bytes"] / float(GIB)))
-    lines.append("| CPU | %s | %.2f GiB | | | |" % (_ranges(plan["cpu_layers"]) or "none",
-                                                   plan["cpu_expert_bytes"] / float(GIB)))
+    lines.append("| CPU | | %s | %.2f GiB | | | |" % (_ranges(plan["cpu_layers"]) or "none",
+                                                     plan["cpu_expert_bytes"] / float(GIB)))
     lines += ["", "-ot rules (first match wins):", ""]
     lines += ["    -ot %s" % r for r in plan["rules"]]
+    if plan.get("tensor_split"):
+        lines += ["", "Layer split (the engine's %s rule gives each GPU the block above):" % plan.get("split_model"), "",
+                  "    -ts %s" % ",".join("%g" % v for v in plan["tensor_split"])]
     for warning in plan["warnings"]:
         lines += ["", "WARNING: " + warning]
     return "\n".join(lines) + "\n"
@@ -409,12 +571,56 @@ def plan_summary(plan):
     """One line per device for the play output."""
     out = []
     for gpu in plan["gpus"]:
-        out.append("%s: layers [%s] experts %.2f GiB, expected %.2f of %.2f GiB" % (
-            gpu["device"], _ranges(gpu["layers"]).replace("|", ",") or "none", gpu["expert_bytes"] / float(GIB),
-            gpu["expected_bytes"] / float(GIB), gpu["vram_bytes"] / float(GIB)))
+        out.append("%s: holds layers %s, experts of [%s] %.2f GiB, expected %.2f of %.2f GiB" % (
+            gpu["device"], _block_text(gpu), _ranges(gpu["layers"]).replace("|", ",") or "none",
+            gpu["expert_bytes"] / float(GIB), gpu["expected_bytes"] / float(GIB), gpu["vram_bytes"] / float(GIB)))
     out.append("CPU: %d MoE layers, %.2f GiB of routed experts in DRAM" % (
         len(plan["cpu_layers"]), plan["cpu_expert_bytes"] / float(GIB)))
+    if plan.get("tensor_split"):
+        out.append("-ts %s (%s split)" % (",".join("%g" % v for v in plan["tensor_split"]), plan.get("split_model")))
     return out + ["WARNING: " + w for w in plan["warnings"]]
+
+
+# ------------------------------------------------------------------------------------------ the devices
+
+def nvidia_devices(proc_devices, device_allow=None):
+    """/proc/devices judged for the unit's DeviceAllow= entries: the driver's naming and the problems, with fixes."""
+    return hmk_nvidia_devices.nvidia(proc_devices, device_allow or ["char-nvidia*"])
+
+
+# ------------------------------------------------------------------------------------------ the proof
+
+def placement_proof(journal, plan_record, smi_gpus="", smi_apps="", pid=None, smi_error=""):
+    """The health gate's verdict on a GPU node: the engine's log of this start and nvidia-smi against the plan.
+
+    journal: the engine's output of this start (journalctl -o cat). plan_record: NAME-plan.json.
+    smi_gpus / smi_apps: nvidia-smi --query-gpu=index,uuid,memory.total and --query-compute-apps=pid,gpu_uuid,
+    used_memory (csv,noheader,nounits). smi_error: why nvidia-smi could not be read (a failure too: the
+    driver must answer on a GPU node). pid: the engine's MainPID.
+    """
+    apps = None
+    if not smi_error:
+        apps = hmk_engine_log.parse_smi_apps(smi_apps, hmk_engine_log.parse_smi_gpus(smi_gpus))
+    result = hmk_engine_log.evaluate(hmk_engine_log.parse(journal), plan_record, apps,
+                                     int(pid) if str(pid or "").isdigit() and int(pid) > 0 else None)
+    if smi_error:
+        result["ok"] = False
+        result["differences"].append({
+            "check": "gpu_memory", "found": "nvidia-smi failed: %s" % str(smi_error).strip()[:300],
+            "expected": "nvidia-smi lists the GPUs and the engine's memory on them",
+            "fix": "Repair the driver (playbooks/gpu.yml; a 'Driver/library version mismatch' needs a reboot)."})
+    result["summary"] = hmk_engine_log.summary(result)
+    return result
+
+
+def systemctl_show(text):
+    """`systemctl show UNIT --property=A --property=B` -> {A: value, B: value}."""
+    props = {}
+    for line in str(text or "").splitlines():
+        if "=" in line:
+            key, value = line.split("=", 1)
+            props[key.strip()] = value.strip()
+    return props
 
 
 # --------------------------------------------------------------------------------------------- misc
@@ -461,6 +667,10 @@ class FilterModule(object):
             "inference_service_kv_bytes": kv_cache_bytes,
             "inference_service_gpu_vram": gpu_vram_bytes,
             "inference_service_plan": placement_plan,
+            "inference_service_split_model": split_model,
+            "inference_service_placement_proof": placement_proof,
+            "inference_service_systemctl_show": systemctl_show,
+            "inference_service_nvidia_devices": nvidia_devices,
             "inference_service_plan_markdown": plan_markdown,
             "inference_service_plan_summary": plan_summary,
             "inference_service_threads": physical_cores,

@@ -21,6 +21,7 @@ _STRING, _ARRAY = 8, 9
 
 SPLIT = re.compile(r"^(?P<prefix>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")
 EXPERT_TENSOR = re.compile(r"^blk\.(\d+)\.ffn_(up|down|gate)_exps\.weight$")
+LAYER_TENSOR = re.compile(r"^blk\.(\d+)\.")
 
 # The keys the service and the roofline need, under "{arch}." in the metadata.
 LAYOUT_KEYS = ("block_count", "context_length", "embedding_length", "expert_count", "expert_used_count",
@@ -148,9 +149,17 @@ def model_files(path):
 
 
 def layout(path):
-    """Architecture, metadata, per-layer routed-expert bytes and non-expert bytes of a (split) model."""
+    """Architecture, metadata, per-layer routed-expert bytes and non-expert bytes of a (split) model.
+
+    Also every layer's total bytes (layer_bytes, experts included), the output layer's (output_bytes:
+    output.weight, or token_embd when the output is tied to it, plus output_norm) and the token
+    embedding's (input_bytes), which the multi-GPU plan needs to follow the engine's layer split.
+    """
     files = model_files(path)
     metadata, expert_bytes, non_expert = {}, {}, 0
+    # Where llama.cpp puts each weight decides the GPU plan: a layer's tensors go to the device holding the
+    # layer, output.weight (or the tied token_embd) to the one holding the output layer, token_embd stays on CPU.
+    layer_bytes, named = {}, {}
     for index, name in enumerate(files):
         table = read_gguf(name, array_limit=0, tensors=True)
         if index == 0:
@@ -162,6 +171,12 @@ def layout(path):
                 expert_bytes[layer] = expert_bytes.get(layer, 0) + size
             else:
                 non_expert += size
+            in_layer = LAYER_TENSOR.match(tensor)
+            if in_layer:
+                layer = int(in_layer.group(1))
+                layer_bytes[layer] = layer_bytes.get(layer, 0) + size
+            else:
+                named[tensor] = size
     arch = str(metadata.get("general.architecture", ""))
     wanted = {}
     for key in LAYOUT_KEYS:
@@ -175,6 +190,9 @@ def layout(path):
         "metadata": wanted,
         "expert_bytes": {str(k): v for k, v in sorted(expert_bytes.items())},
         "non_expert_bytes": non_expert,
+        "layer_bytes": {str(k): v for k, v in sorted(layer_bytes.items())},
+        "output_bytes": named.get("output.weight", named.get("token_embd.weight", 0)) + named.get("output_norm.weight", 0),
+        "input_bytes": named.get("token_embd.weight", 0),
         "total_bytes": sum(s.st_size for s in stats),
         "files": [{"path": f, "size": s.st_size, "mtime": int(s.st_mtime)} for f, s in zip(files, stats)],
     }

@@ -14,6 +14,8 @@ __metaclass__ = type
 
 import re
 
+from ansible_collections.hmk.moe_kit.plugins.module_utils import hmk_engine_log
+
 UNKNOWN = "unknown"
 
 # ISA flags the report always lists, as /proc/cpuinfo spells them.
@@ -881,10 +883,10 @@ def parse_llama_log(text):
     lines = _engine_lines(text)
     joined = "\n".join(lines)
     result = {"numa_balancing_warning": "/proc/sys/kernel/numa_balancing is enabled" in joined}
-    if re.search(r"ggml_cuda_init: found (\d+) CUDA devices", joined) or "Device 0:" in joined:
-        result["cuda_devices"] = [
-            {"index": int(m.group(1)), "name": m.group(2), "compute_capability": m.group(3)}
-            for m in re.finditer(r"Device (\d+): (.+?), compute capability ([0-9.]+)", joined)]
+    # The device lines are read by the same parser as the GPU placement proof's.
+    cuda = hmk_engine_log.parse(joined)["cuda"]
+    if cuda["device_count"] is not None or cuda["devices"]:
+        result["cuda_devices"] = cuda["devices"]
     else:
         result["cuda_devices"] = unknown("the log has no ggml_cuda_init device list")
     info = [ln for ln in lines if re.search(r"system_info|system info \|", ln)]

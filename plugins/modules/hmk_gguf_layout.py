@@ -41,6 +41,18 @@ non_expert_bytes:
   description: Bytes of every other tensor.
   type: int
   returned: always
+layer_bytes:
+  description: Bytes of every tensor of each layer (C(blk.N.*), routed experts included), keyed by layer number.
+  type: dict
+  returned: always
+output_bytes:
+  description: Bytes of the output layer (output.weight, or the tied token_embd.weight, plus output_norm.weight).
+  type: int
+  returned: always
+input_bytes:
+  description: Bytes of token_embd.weight (the engines keep it on the CPU).
+  type: int
+  returned: always
 total_bytes:
   description: Size of all the model's files.
   type: int

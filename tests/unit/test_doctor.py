@@ -3,6 +3,7 @@ read on a node: systemctl show, journal lines, /proc and /sys values, nvidia-smi
 module's parsed hardware), and the ranking order."""
 import copy
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,17 @@ SYSTEM_INFO = ('2026-11-30T09:00:01+0000 node llama-server[900]: INFO [         
                'AVX_VNNI = 0 | AVX2 = 1 | AVX512 = 1 | AVX512_VBMI = 1 | AVX512_VNNI = 1 | AVX512_BF16 = 1 | FMA = 1 | '
                'NEON = 0 | F16C = 1 | SSE3 = 1 | SSSE3 = 1 | "')
 IK_FMOE = "2026-11-30T09:41:02+0000 node hmk-inference[812]: error: unknown argument: -fmoe"
+FIXTURES = REPO / "tests" / "fixtures"
+# The kernel's /proc/devices with the driver's 550.40+ names (captured in molecule/gpu_devices, STAND-IN modules).
+GPU_PROC_DEVICES = (FIXTURES / "proc-devices" / "twin-standin-r580.txt").read_text()
+# A real ik_llama.cpp start on one GPU, every layer offloaded (tests/fixtures/engine-logs/INDEX.md), and the plan
+# that start matches: a 61-layer model without routed experts, all on CUDA0.
+GPU_LOG = (FIXTURES / "engine-logs" / "ik--1gpu-a6000-full-offload-pr333.log").read_text()
+GPU_PLAN = {"engine": "ik_llama.cpp", "override_tensor": ["exps=CPU"],
+            "plan": {"n_layer": 61, "ngl": 99, "offloaded_layers": 62, "cpu_layers": [], "rules": ["exps=CPU"],
+                     "gpus": [{"device": "CUDA0", "block": [0, 60], "holds_output": True, "layers": [],
+                               "expert_bytes": 0, "kv_bytes": 1952 * 1024 ** 2,
+                               "weights_bytes": int(17284.05 * 1024 ** 2), "expected_bytes": 46 * 1024 ** 3}]}}
 
 
 def healthy():
@@ -71,6 +83,11 @@ def healthy():
         "cpufreq": {"stdout": "/sys/devices/system/cpu/cpufreq/policy0/scaling_governor:performance\n"
                               "/sys/devices/system/cpu/cpufreq/policy1/scaling_governor:performance\n", "stderr": ""},
         "governor": "performance",
+        # The GPU node's devices and its engine's start (tests/unit/test_doctor_gpu.py covers the bad cases).
+        "gpu_devices": {"proc_devices": GPU_PROC_DEVICES, "uvm_node": True, "unit_loaded": True,
+                        "device_allow": "char-nvidia* rw"},
+        "gpu_placement": {"plan": json.dumps(GPU_PLAN), "plan_path": "/etc/hmk/hmk-inference-plan.json",
+                          "engine_log": GPU_LOG, "pid": "900", "smi_rc": 1, "smi_gpus": "", "smi_apps": ""},
         "model_integrity": {"path": "/var/lib/hmk/model-integrity.json",
                             "record": {"schema": "hmk-model-integrity/1", "ok": True, "files_checked": 2,
                                        "mismatches": [], "missing": [], "finished": 1764500000.0}},
@@ -121,7 +138,7 @@ def test_broken_node_ranks_the_failed_service_and_refused_flag_first():
     assert ranked[:8] == [(1, "critical", "service_state"), (2, "critical", "engine_flags"),
                           (3, "critical", "numa_balancing"), (4, "critical", "numa_nodes_per_socket"),
                           (5, "warning", "engine_errors"), (6, "warning", "smt"), (7, "warning", "pcie_aspm"),
-                          (8, "ok", "model_integrity")]
+                          (8, "info", "gpu_placement")]  # the engine's placement cannot be read while it is down
     assert [f["rank"] for f in report["findings"]] == list(range(1, len(report["findings"]) + 1))
     assert "-no-fmoe" in report["findings"][1]["fix"] and report["findings"][1]["evidence"] == IK_FMOE
     assert report["summary"]["critical"] == 4 and report["summary"]["warning"] == 3
@@ -172,7 +189,7 @@ def test_text_and_markdown_show_rank_evidence_and_fix():
 
 def test_filter_plugin_exports():
     assert set(doctor.FilterModule().filters()) == {"doctor_diagnose", "doctor_failing", "doctor_text",
-                                                   "doctor_markdown"}
+                                                   "doctor_markdown", "doctor_systemctl_show"}
 
 
 # ------------------------------------------------------------------------------------ service
@@ -629,7 +646,7 @@ def test_no_rehash_record_yet_is_information_only():
 
 # ------------------------------------------------------------------------ engine ISA, passthrough
 
-FIXTURES = REPO / "tests" / "fixtures" / "hardware"
+HARDWARE_FIXTURES = FIXTURES / "hardware"
 
 
 def test_engine_isa_matches_the_cpu():
@@ -641,7 +658,7 @@ def test_engine_isa_matches_the_cpu():
 def test_engine_built_without_avx512_on_a_zen4_host_is_a_warning():
     raw = healthy()
     # The journal of a service that runs an AVX2-only build; the terminal-wrapped form reads the same.
-    wrapped = (FIXTURES / "llama-log--ik-perplexity-terminal-wrapped-system-info-64-of-128.txt").read_text()
+    wrapped = (HARDWARE_FIXTURES / "llama-log--ik-perplexity-terminal-wrapped-system-info-64-of-128.txt").read_text()
     raw["engine_system_info"] = wrapped.splitlines()
     finding = doctor.check_engine_isa(raw)
     assert finding["severity"] == "warning"

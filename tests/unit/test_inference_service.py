@@ -86,7 +86,7 @@ def argv_for(layout, profile, facts, accepted=IK_PINNED, engine="ik_llama.cpp", 
     plan = plan_for(layout, profile)
     opts = {"engine": engine, "accepted": accepted, "model": "/srv/models/m/m-00001-of-00009.gguf",
             "arch": layout["architecture"], "threads": svc.physical_cores(facts), "ot": plan["rules"],
-            "numa_nodes": 1, "port": 8080, "amb": 512}
+            "ts": plan["tensor_split"], "numa_nodes": 1, "port": 8080, "amb": 512}
     opts.update(extra)
     return svc.llama_argv(opts), plan
 
@@ -130,30 +130,33 @@ def test_qwen3_235b_on_genoa_5090_has_no_mla_and_fills_the_32_gib_card():
     assert all_values(argv, "-ot") == [r"blk\.(0|1|2|3|4|5|6|7|8|9|10|11|12|13)\.ffn_.*_exps=CUDA0", "exps=CPU"]
 
 
-def test_r1_on_milan_4x4090_spreads_whole_layers_over_the_four_gpus_in_order():
+def test_r1_on_milan_4x4090_keeps_each_gpus_experts_inside_the_layers_it_holds():
     argv, plan = argv_for(r1_layout(), MILAN_4X4090, MILAN_FACTS)
     assert value(argv, "-t") == "64"
-    assert [g["layers"] for g in plan["gpus"]] == [[3, 4, 5], [6, 7, 8], [9, 10, 11], [12, 13, 14]]
-    placed = [n for g in plan["gpus"] for n in g["layers"]]
-    assert len(placed) == len(set(placed))  # no layer on two GPUs
-    assert sorted(placed + plan["cpu_layers"]) == list(range(3, 61))
+    # -ngl 99 gives each GPU a contiguous block of the 61 layers (the output layer on the last); each GPU
+    # takes its experts from its own block, never from a neighbour's (tests/unit/test_gpu_placement.py).
+    assert [g["block"] for g in plan["gpus"]] == [[0, 14], [15, 29], [30, 45], [46, 60]]
+    assert [g["layers"] for g in plan["gpus"]] == [[3, 4, 5], [15, 16, 17], [30, 31, 32], [46, 47, 48]]
+    assert sorted(plan["cpu_layers"] + [n for g in plan["gpus"] for n in g["layers"]]) == list(range(3, 61))
     for gpu in plan["gpus"]:
         assert gpu["expected_bytes"] <= gpu["vram_bytes"], gpu
-        assert gpu["base_bytes"] + gpu["expert_bytes"] == gpu["expected_bytes"]
-    rules = all_values(argv, "-ot")
-    assert rules == [r"blk\.(3|4|5)\.ffn_.*_exps=CUDA0", r"blk\.(6|7|8)\.ffn_.*_exps=CUDA1",
-                     r"blk\.(9|10|11)\.ffn_.*_exps=CUDA2", r"blk\.(12|13|14)\.ffn_.*_exps=CUDA3", "exps=CPU"]
+    assert all_values(argv, "-ot") == [r"blk\.(3|4|5)\.ffn_.*_exps=CUDA0", r"blk\.(15|16|17)\.ffn_.*_exps=CUDA1",
+                                       r"blk\.(30|31|32)\.ffn_.*_exps=CUDA2", r"blk\.(46|47|48)\.ffn_.*_exps=CUDA3",
+                                       "exps=CPU"]
+    # the -ts that makes mainline's and ik's own split give these blocks is rendered (tested in test_gpu_placement)
+    assert value(argv, "-ts") == ",".join("%g" % v for v in plan["tensor_split"]) and len(plan["tensor_split"]) == 4
 
 
 def test_first_match_wins_order_sends_each_tensor_where_the_plan_says():
     _, plan = argv_for(r1_layout(), MILAN_4X4090, MILAN_FACTS)
     rules = plan["rules"]
     assert svc.rule_buffer(rules, "blk.3.ffn_up_exps.weight") == "CUDA0"
-    assert svc.rule_buffer(rules, "blk.14.ffn_down_exps.weight") == "CUDA3"
+    assert svc.rule_buffer(rules, "blk.17.ffn_down_exps.weight") == "CUDA1"
     # blk.30 must not match the blk\.(3|...) rule, and the catch-all comes last
-    assert svc.rule_buffer(rules, "blk.30.ffn_gate_exps.weight") == "CPU"
+    assert svc.rule_buffer(rules, "blk.30.ffn_gate_exps.weight") == "CUDA2"
+    assert svc.rule_buffer(rules, "blk.33.ffn_gate_exps.weight") == "CPU"
     assert svc.rule_buffer(rules, "blk.60.ffn_up_exps.weight") == "CPU"
-    # shared experts and attention match no rule: they follow -ngl onto the GPUs
+    # shared experts and attention match no rule: they follow -ngl onto the GPU holding the layer
     assert svc.rule_buffer(rules, "blk.3.ffn_up_shexp.weight") is None
     assert svc.rule_buffer(rules, "blk.3.attn_kv_a_mqa.weight") is None
 
@@ -229,14 +232,15 @@ def test_zero_gpu_layers_requested_keeps_every_expert_on_cpu_quietly():
 def test_a_cap_on_gpu_layers_is_honoured():
     layout = r1_layout()
     plan = svc.placement_plan(layout, [24 * GIB] * 4, svc.kv_cache_bytes(layout, 32768), 3 * GIB, GIB, max_gpu_layers=5)
-    assert [g["layers"] for g in plan["gpus"]] == [[3, 4, 5], [6, 7], [], []]
+    assert [g["layers"] for g in plan["gpus"]] == [[3, 4, 5], [15, 16], [], []]
 
 
-def test_a_layer_that_does_not_fit_the_current_gpu_goes_to_the_next_whole():
+def test_a_layer_that_does_not_fit_its_gpu_stays_in_dram_and_never_moves_to_another_gpu():
     layout = {"expert_bytes": {"0": 6 * GIB, "1": 6 * GIB, "2": 6 * GIB}, "non_expert_bytes": 0}
     plan = svc.placement_plan(layout, [10 * GIB, 10 * GIB], 0, 0, 0)
-    assert [g["layers"] for g in plan["gpus"]] == [[0], [1]]
-    assert plan["cpu_layers"] == [2]
+    assert [g["block"] for g in plan["gpus"]] == [[0, 1], [2, 2]]
+    assert [g["layers"] for g in plan["gpus"]] == [[0], [2]]
+    assert plan["cpu_layers"] == [1]
 
 
 def test_kv_cache_sizes_match_the_brief():
@@ -251,11 +255,11 @@ def test_kv_cache_sizes_match_the_brief():
 def test_the_plan_is_readable():
     _, plan = argv_for(r1_layout(), MILAN_4X4090, MILAN_FACTS)
     text = svc.plan_markdown(plan, "R1")
-    assert "| CUDA1 | 6|7|8 |" in text
-    assert "    -ot exps=CPU" in text
+    assert "| CUDA1 | 15-29 | 15|16|17 |" in text and "| CUDA3 | 46-60 + output | 46|47|48 |" in text
+    assert "    -ot exps=CPU" in text and "    -ts " in text
     summary = svc.plan_summary(plan)
-    assert summary[0].startswith("CUDA0: layers [3,4,5]")
-    assert summary[-1].startswith("CPU: 46 MoE layers")
+    assert summary[0].startswith("CUDA0: holds layers 0-14, experts of [3,4,5]")
+    assert summary[4].startswith("CPU: 46 MoE layers") and summary[5].startswith("-ts ")
 
 
 def test_threads_are_physical_cores_unless_overridden():
@@ -404,7 +408,8 @@ def render_unit(**overrides):
         "inference_service_engine_root": "/opt/hmk/engines/ik_llama.cpp",
         "__inference_service_llama_engines": ["ik_llama.cpp", "llama.cpp"],
         "__inference_service_gpu_count": 0,
-        "__inference_service_gpu_devices": ["char-nvidia-frontend", "char-nvidia-uvm", "char-nvidia-caps"],
+        "__inference_service_gpu_devices": yaml.safe_load((ROLE / "vars" / "main.yml").read_text())[
+            "__inference_service_gpu_devices"],
         "__inference_service_numa_nodes": 1,
         "__inference_service_plan_md": "/etc/hmk/hmk-inference-plan.md",
         "__inference_service_args_path": "/etc/hmk/hmk-inference.args",
@@ -436,11 +441,12 @@ def test_cpu_only_unit_is_sandboxed_without_devices_and_with_mdwe():
 
 def test_gpu_unit_requires_the_driver_units_and_allows_only_nvidia_devices():
     unit = render_unit(__inference_service_gpu_count=4)
-    assert "After=network.target nvidia-persistenced.service" in unit
-    assert "Requires=nvidia-persistenced.service" in unit
+    assert "After=network.target nvidia-persistenced.service hmk-nvidia-device-nodes.service" in unit
+    assert "Requires=nvidia-persistenced.service hmk-nvidia-device-nodes.service" in unit
     assert "DevicePolicy=closed" in unit and "PrivateDevices=false" in unit
-    assert [line for line in unit if line.startswith("DeviceAllow=")] == [
-        "DeviceAllow=char-nvidia-frontend rw", "DeviceAllow=char-nvidia-uvm rw", "DeviceAllow=char-nvidia-caps rw"]
+    # one glob for every driver generation (tests/unit/test_nvidia_devices.py matches it against both namings)
+    assert [line for line in unit if line.startswith("DeviceAllow=")] == ["DeviceAllow=char-nvidia* rw"]
+    assert "Environment=CUDA_DEVICE_ORDER=PCI_BUS_ID" in unit
     assert "MemoryDenyWriteExecute=true" not in unit  # auto: not verified with NVIDIA's user-space driver
     assert "RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX AF_NETLINK" in unit
 

@@ -31,10 +31,10 @@ def test_report_header_and_every_check(report, findings):
     assert report["schema"] == "hmk-doctor/1" and report["host"] == "doctor-node"
     assert report["profile"] == "lab-twin" and report["service"] == "hmk-inference.service"
     ids = {f["id"] for f in findings}
-    assert ids == {"service_state", "engine_flags", "engine_errors", "nvidia_driver", "engine_isa", "platform",
-                   "gpu_present", "numa_balancing", "numa_nodes_per_socket", "numa_memoryless_cpu_nodes",
-                   "numa_memory_only_nodes", "numa_memory_placement", "memory_channels", "smt", "model_page_cache",
-                   "gpu_pcie_link", "pcie_aspm", "cpu_governor"}
+    assert ids == {"service_state", "model_integrity", "engine_flags", "engine_errors", "nvidia_driver", "engine_isa",
+                   "platform", "gpu_present", "gpu_devices", "gpu_placement", "numa_balancing", "numa_nodes_per_socket",
+                   "numa_memoryless_cpu_nodes", "numa_memory_only_nodes", "numa_memory_placement", "memory_channels",
+                   "smt", "model_page_cache", "gpu_pcie_link", "pcie_aspm", "cpu_governor"}
     for f in findings:
         assert f["severity"] in SEVERITIES and f["title"] and f["fix"] and str(f["evidence"]), f
 
@@ -71,6 +71,11 @@ def test_no_gpu_is_info_not_failure(findings):
     driver = by_id(findings, "nvidia_driver")[0]
     assert driver["severity"] == "info" and "no /proc/driver/nvidia/version" in driver["evidence"]
     assert by_id(findings, "gpu_pcie_link")[0]["severity"] == "info"
+    # The device rules and the placement proof apply to GPU nodes only: here they say why they do not.
+    devices = by_id(findings, "gpu_devices")[0]
+    assert (devices["severity"], devices["title"]) == ("info", "No GPU on this node; no NVIDIA device to check")
+    placement = by_id(findings, "gpu_placement")[0]
+    assert (placement["severity"], placement["title"]) == ("info", "No GPU on this node; no placement to check")
 
 
 def test_hardware_findings_come_from_the_shared_judges(findings):

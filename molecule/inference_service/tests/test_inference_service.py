@@ -159,7 +159,15 @@ def test_the_plan_beside_the_unit_keeps_every_expert_on_the_cpu_of_this_gpu_less
     assert plan["plan"]["gpus"] == []
     assert plan["plan"]["cpu_layers"] == [1, 2, 3]
     assert plan["plan"]["rules"] == ["exps=CPU"]
-    assert "| CPU | 1|2|3 |" in host.file("/etc/hmk/hmk-inference-plan.md").content_string
+    assert "| CPU | | 1|2|3 |" in host.file("/etc/hmk/hmk-inference-plan.md").content_string
+
+
+def test_the_gpu_proof_read_the_engines_own_start_by_invocation(host):
+    """side_effect ran the GPU proof (tasks_from: proof.yml) with a one-GPU plan and saw it fail as CPU-only; the
+    log it judged is this start's: the pinned engine's own lines, overrides with their sizes, no CUDA."""
+    text = host.file(STATE + "/engine-start.log").content_string
+    assert re.search(r"Tensor blk\.1\.ffn_up_exps\.weight \(size = [0-9.]+ MiB\) buffer type overriden to CPU", text)
+    assert "ggml_cuda_init" not in text
 
 
 def test_idempotence_did_not_restart_the_service(host):

@@ -1,0 +1,294 @@
+"""The engine-log proof (plugins/module_utils/hmk_engine_log.py) on real startup logs of ik_llama.cpp and mainline
+llama.cpp collected from public issues (tests/fixtures/engine-logs/INDEX.md): what each log says, and the
+health gate's verdict when such a log meets the kit's plan."""
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+import moe_layouts
+from ansible_collections.hmk.moe_kit.plugins.module_utils import hmk_engine_log as elog
+
+REPO = Path(__file__).resolve().parents[2]
+LOGS = REPO / "tests" / "fixtures" / "engine-logs"
+GIB = 1024 ** 3
+MIB = 1024 ** 2
+
+_spec = importlib.util.spec_from_file_location("inference_service_filters_elog",
+                                               REPO / "plugins" / "filter" / "inference_service.py")
+svc = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(svc)
+
+
+def log(name):
+    return (LOGS / name).read_text()
+
+
+def parsed(name):
+    return elog.parse(log(name))
+
+
+def record(layout, vram_gib, engine="ik_llama.cpp", override_tensor=None, **kw):
+    """The plan record the role writes (NAME-plan.json) for this model on these GPUs."""
+    kv = svc.kv_cache_bytes(layout, 32768, "q8_0", "q8_0", mla=layout["architecture"] == "deepseek2")
+    plan = svc.placement_plan(layout, [g * GIB for g in vram_gib], kv, 3 * GIB, GIB,
+                              model=svc.split_model(engine, "2026-04-13"), **kw)
+    return {"engine": engine, "override_tensor": override_tensor or plan["rules"], "plan": plan}
+
+
+def failed(result):
+    return {d["check"] for d in result["differences"]}
+
+
+# ------------------------------------------------------------------------------------- what the logs say
+
+def test_every_fixture_is_listed_in_the_index_with_its_source():
+    index = (LOGS / "INDEX.md").read_text()
+    names = sorted(p.name for p in LOGS.glob("*.log"))
+    assert len(names) >= 20
+    for name in names:
+        row = next((line for line in index.splitlines() if line.startswith("| `%s`" % name)), None)
+        assert row and "https://github.com/" in row, name
+
+
+EXPECTED = {
+    # file: (device_count, error, none_found, gpu_layers_ignored, devices, offloaded, overrides, weights, kv, oom)
+    "ik--1gpu-a6000-full-offload-pr333.log":
+        (1, None, False, False, ["NVIDIA RTX A6000"], (62, 62), 0, {"CPU": 499.5, "CUDA0": 17284.05}, {"CUDA0": 1952.0}, 0),
+    "ik--1gpu-overrides-to-cpu-pr386.log": (None, None, False, False, [], None, 21, {}, {}, 0),
+    "ik--1gpu-hybrid-exps-on-cpu-kt1417.log": (None, None, False, False, [], (62, 62), 0, {"CPU": 364089.6}, {}, 0),
+    "ik--4gpu-start-pr409.log":
+        (4, None, False, False, ["NVIDIA GeForce RTX 5090", "NVIDIA GeForce RTX 4090", "NVIDIA GeForce RTX 4090",
+                                 "NVIDIA RTX A6000"], None, 0, {}, {}, 0),
+    "ik--4gpu-overrides-pr409.log": (None, None, False, False, [], None, 20, {}, {}, 0),
+    "ik--4gpu-start-pr394.log": (4, None, False, False, ["NVIDIA GeForce RTX 5090", "NVIDIA GeForce RTX 4090",
+                                                         "NVIDIA GeForce RTX 4090", "NVIDIA RTX A6000"], None, 0, {}, {}, 0),
+    "ik--4gpu-buffers-pr394.log":
+        (None, None, False, False, [], None, 0, {"CPU": 133756.0, "CUDA_Host": 497.11, "CUDA0": 22412.07,
+                                                 "CUDA1": 17714.47, "CUDA2": 21610.08, "CUDA3": 42786.36}, {}, 0),
+    "ik--multigpu-overrides-cuda13-14-pr262.log": (None, None, False, False, [], None, 20, {}, {}, 0),
+    "ik--11gpu-oom-compute-buffer-issue749.log": (None, None, False, False, [], None, 0, {}, "11 devices", 2),
+    "mainline--4gpu-buffers-pr394.log":
+        (None, None, False, False, [], (62, 62), 0, {"CUDA0": 22412.07, "CUDA1": 17714.47, "CUDA2": 21610.08,
+                                                     "CUDA3": 42786.36, "CPU": 134253.11}, {}, 0),
+    "mainline--1gpu-hybrid-r1-pr11397.log":
+        (None, None, False, False, [], (62, 62), 0, {"CUDA0": 9460.52, "CPU_Mapped": 384571.29}, {}, 0),
+    "mainline--overrides-rpc-verbose-pr11397.log": (None, None, False, False, [], None, 20, {}, {}, 0),
+    "mainline--4gpu-init-3090-issue10981.log": (4, None, False, False, ["NVIDIA GeForce RTX 3090"] * 4, None, 0, {}, {}, 0),
+    "mainline--3gpu-buffers-deepseek-v4-issue22319.log":
+        (None, None, False, False, [], (44, 44), 0, {"CUDA0": 92226.12, "CUDA1": 40997.3, "CUDA2": 14676.03,
+                                                     "CUDA_Host": 1010.0}, {}, 0),
+    "mainline--1gpu-total-vram-format-issue22748.log":
+        (1, None, False, True, ["NVIDIA GeForce RTX 5060 Laptop GPU"], None, 0, {}, {}, 0),
+    "mainline--cuda-init-failure-system-not-yet-initialized-issue13059.log":
+        (None, "system not yet initialized", False, True, [], None, 0, {}, {}, 0),
+    "mainline--cuda-init-failure-unknown-error-issue10553.log": (None, "unknown error", False, True, [], None, 0, {}, {}, 0),
+    "mainline--no-cuda-devices-issue6184.log": (None, None, True, False, [], None, 0, {}, {}, 0),
+    "mainline--no-usable-gpu-device-info-issue23209.log": (None, None, False, True, [], None, 0, {}, {}, 0),
+    "mainline--oom-at-load-issue20431.log": (None, None, False, False, [], None, 0, {}, {}, 3),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_each_real_log_says_what_it_says(name):
+    count, error, none_found, ignored, devices, offloaded, overrides, weights, kv, oom = EXPECTED[name]
+    facts = parsed(name)
+    cuda = facts["cuda"]
+    assert cuda["device_count"] == count
+    assert cuda["error"] == error
+    assert cuda["none_found"] is none_found
+    assert bool(cuda["gpu_layers_ignored"]) is ignored
+    assert [d["name"] for d in cuda["devices"]] == devices
+    assert facts["offloaded"] == ({"layers": offloaded[0], "of": offloaded[1]} if offloaded else None)
+    assert len(facts["overrides"]) == overrides
+    assert facts["weights_mib"] == weights
+    if kv == "11 devices":
+        assert sorted(facts["kv_mib"]) == sorted("CUDA%d" % i for i in range(11))
+    else:
+        assert facts["kv_mib"] == kv
+    assert len(facts["oom"]) == oom
+
+
+def test_devices_carry_their_compute_capability_and_the_2026_vram_field():
+    devices = parsed("ik--4gpu-start-pr409.log")["cuda"]["devices"]
+    assert [d["compute_capability"] for d in devices] == ["12.0", "8.9", "8.9", "8.6"]
+    laptop = parsed("mainline--1gpu-total-vram-format-issue22748.log")["cuda"]["devices"][0]
+    assert (laptop["index"], laptop["vram_mib"]) == (0, 8150)
+
+
+def test_override_lines_of_both_spellings_and_every_buffer_name_are_read():
+    ik = parsed("ik--multigpu-overrides-cuda13-14-pr262.log")["overrides"]
+    assert ik[0] == {"tensor": "blk.54.ffn_down_exps.weight", "buffer": "CUDA13"}
+    assert {o["buffer"] for o in ik} == {"CUDA13", "CUDA14"}
+    mainline = parsed("mainline--overrides-rpc-verbose-pr11397.log")["overrides"]
+    assert {o["buffer"] for o in mainline} == {"CPU", "RPC[127.0.0.1:50053]"}
+    # the pin's own format carries the size between the name and "buffer type" (src/llama-load-tensors.cpp)
+    pinned = elog.parse("Tensor blk.3.ffn_up_exps.weight (size = 1512.00 MiB) buffer type overriden to CUDA0\n")
+    assert pinned["overrides"] == [{"tensor": "blk.3.ffn_up_exps.weight", "buffer": "CUDA0"}]
+
+
+def test_out_of_memory_names_the_device_and_the_load_error():
+    ik = parsed("ik--11gpu-oom-compute-buffer-issue749.log")
+    assert elog.oom_devices(ik["oom"]) == ["CUDA0"]
+    mainline = parsed("mainline--oom-at-load-issue20431.log")
+    assert elog.oom_devices(mainline["oom"]) == ["CUDA0"]
+    assert mainline["load_error"] == "unable to allocate CUDA0 buffer"
+
+
+def test_a_truncated_buffer_line_is_ignored_not_misread():
+    facts = parsed("ik--1gpu-hybrid-exps-on-cpu-kt1417.log")
+    assert "CUDA0" not in facts["weights_mib"]
+    assert facts["weights_mib"]["CPU"] == pytest.approx(364089.6)
+
+
+# ------------------------------------------------------------------------------------------- the gate
+
+R1 = moe_layouts.r1("IQ4_XS")
+
+
+@pytest.mark.parametrize("name", ["mainline--no-cuda-devices-issue6184.log",
+                                  "mainline--no-usable-gpu-device-info-issue23209.log",
+                                  "mainline--cuda-init-failure-system-not-yet-initialized-issue13059.log",
+                                  "mainline--cuda-init-failure-unknown-error-issue10553.log"])
+def test_a_node_whose_engine_sees_no_gpu_fails_the_gate_as_cpu_only_with_the_reason(name):
+    plan = record(R1, [24])
+    result = elog.evaluate(parsed(name), plan, apps=[], pid=4242)
+    assert not result["ok"] and result["cpu_only"]
+    cuda = next(d for d in result["differences"] if d["check"] == "cuda_devices")
+    assert cuda["expected"] == "1 CUDA device(s)"
+    assert "offloaded_layers" in failed(result) and "gpu_memory" in failed(result)
+    text = "\n".join(elog.summary(result))
+    assert "cuda_devices: found" in text and "Fix:" in text
+
+
+def test_the_no_cuda_device_fix_points_at_the_device_rules_and_the_uvm_node():
+    result = elog.evaluate(parsed("mainline--no-cuda-devices-issue6184.log"), record(R1, [24]))
+    fix = next(d["fix"] for d in result["differences"] if d["check"] == "cuda_devices")
+    assert "DeviceAllow" in fix and "/dev/nvidia-uvm" in fix and "nvidia-modprobe -u -c=0" in fix
+
+
+def test_fewer_cuda_devices_than_the_profile_fails_naming_both_counts():
+    plan = record(R1, [24, 24, 24, 24])
+    result = elog.evaluate(parsed("mainline--1gpu-total-vram-format-issue22748.log"), plan)
+    cuda = next(d for d in result["differences"] if d["check"] == "cuda_devices")
+    assert cuda["found"].startswith("1 CUDA device(s)") and cuda["expected"].startswith("4 CUDA device(s)")
+    assert "gpu_layers" in failed(result)  # the engine ignored -ngl: it serves from the CPU
+
+
+def test_a_driver_too_old_for_the_build_gets_the_driver_fix():
+    fix = elog.evaluate(elog.parse("ggml_cuda_init: failed to initialize CUDA: CUDA driver version is insufficient "
+                                   "for CUDA runtime version\n"), record(R1, [24]))["differences"][0]["fix"]
+    assert "nvidia_driver_branch" in fix
+
+
+def test_four_devices_as_planned_pass_the_device_check():
+    plan = record(R1, [24, 24, 24, 24])
+    result = elog.evaluate(parsed("ik--4gpu-start-pr394.log"), plan)
+    assert "cuda_devices" not in failed(result)
+    assert next(c for c in result["checks"] if c["check"] == "cuda_devices")["status"] == "pass"
+
+
+def test_a_full_offload_log_passes_the_layer_count_of_a_61_layer_model():
+    result = elog.evaluate(parsed("ik--1gpu-a6000-full-offload-pr333.log"), record(R1, [24]))
+    assert "offloaded_layers" not in failed(result) and "cuda_devices" not in failed(result)
+    # the plan puts layer 3's experts on CUDA0 but this run logged no override at all: ik always logs them
+    assert "override_rules" in failed(result)
+
+
+def test_fewer_layers_offloaded_than_ngl_asks_fails():
+    facts = elog.parse("llm_load_tensors: offloaded 30/62 layers to GPU\n")
+    result = elog.evaluate(facts, record(R1, [24]))
+    diff = next(d for d in result["differences"] if d["check"] == "offloaded_layers")
+    assert diff["found"] == "30/62 layers" and diff["expected"].startswith("62/62 layers")
+
+
+def test_explicit_rules_must_each_match_tensors_in_the_engines_override_lines():
+    facts = parsed("ik--4gpu-overrides-pr409.log")
+    good = {"engine": "ik_llama.cpp", "override_tensor": ["blk.(8|9|10|11).ffn.=CUDA1", "blk.(12|13|14|15).ffn.=CUDA2"],
+            "plan": record(R1, [24, 24, 24, 24])["plan"]}
+    result = elog.evaluate(facts, good)
+    rules = [c for c in result["checks"] if c["check"] == "override_rules"]
+    assert [c["status"] for c in rules] == ["pass", "pass"]
+    assert rules[0]["detail"] == "-ot blk.(8|9|10|11).ffn.=CUDA1 matched 4 tensor(s)"
+    bad = dict(good, override_tensor=["blk.(0|1|2|3|4|5|6|7).ffn.=CUDA0"] + good["override_tensor"])
+    diff = next(d for d in elog.evaluate(facts, bad)["differences"] if d["check"] == "override_rules")
+    assert diff["found"].endswith("matched 0 tensor(s)") and "inference_service_override_tensor" in diff["fix"]
+
+
+def test_the_experts_each_gpu_logged_are_compared_with_the_plans_layers():
+    facts = parsed("ik--multigpu-overrides-cuda13-14-pr262.log")
+    plan = record(R1, [24] * 15)
+    # say the plan put layers 54-56 on CUDA13 and 57-60 on CUDA14 (what that run's rules did)
+    plan["plan"]["gpus"][13]["layers"] = [54, 55, 56]
+    plan["plan"]["gpus"][14]["layers"] = [57, 58, 59, 60]
+    plan["override_tensor"] = plan["plan"]["rules"] = [r"blk\.(54|55|56)\.=CUDA13", r"blk\.(57|58|59|60)\.=CUDA14",
+                                                        "exps=CPU"]
+    checks = {c["detail"]: c["status"] for c in elog.evaluate(facts, plan)["checks"] if c["check"] == "expert_layers"}
+    assert checks["CUDA13 holds the experts of layers [54, 55, 56]"] == "pass"
+    assert checks["CUDA14 holds the experts of layers [57, 58, 59, 60]"] == "pass"
+    assert checks["CUDA0 holds the experts of layers none"] == "fail"  # the plan wanted layer 3 there
+
+
+def test_out_of_memory_fails_with_the_device_and_the_fix():
+    result = elog.evaluate(parsed("ik--11gpu-oom-compute-buffer-issue749.log"), record(R1, [24] * 11))
+    diff = next(d for d in result["differences"] if d["check"] == "out_of_memory")
+    assert "cudaMalloc failed: out of memory" in diff["found"]
+    assert diff["fix"].startswith("CUDA0 ran out of memory") and "inference_service_gpu_expert_layers" in diff["fix"]
+    load = elog.evaluate(parsed("mainline--oom-at-load-issue20431.log"), record(R1, [24], engine="llama.cpp"))
+    assert {"out_of_memory", "model_load"} <= failed(load)
+
+
+def test_the_weights_on_each_gpu_must_hold_its_planned_experts_and_stay_in_budget():
+    plan = record(R1, [24])
+    gpu = plan["plan"]["gpus"][0]
+    right = "llm_load_tensors:      CUDA0 buffer size = %.2f MiB\n" % (gpu["weights_bytes"] / float(MIB))
+    assert "weights" not in failed(elog.evaluate(elog.parse(right), plan))
+    # mainline's hybrid R1 run above put 9.2 GiB on its GPU: less than one R1 layer of experts, so the experts
+    # the plan wanted on CUDA0 are not there
+    result = elog.evaluate(parsed("mainline--1gpu-hybrid-r1-pr11397.log"), record(R1, [24], engine="llama.cpp"))
+    diff = next(d for d in result["differences"] if d["check"] == "weights")
+    assert diff["found"] == "CUDA0 weights 9.24 GiB"
+    # and without -v mainline logs no overrides: that check is skipped, not passed
+    assert next(c for c in result["checks"] if c["check"] == "override_rules")["status"] == "skip"
+
+
+def test_the_kv_cache_per_gpu_proves_the_layer_split():
+    plan = record(R1, [24, 24, 24, 24])
+    blocks = [g["block"] for g in plan["plan"]["gpus"]]
+    per_layer = 18.68
+    as_planned = "".join("llama_kv_cache_init:      CUDA%d KV buffer size = %.2f MiB\n"
+                         % (i, per_layer * (b[1] - b[0] + 1)) for i, b in enumerate(blocks))
+    assert "layer_split" not in failed(elog.evaluate(elog.parse(as_planned), plan))
+    # the engine's default split without -ts (16/15/16/14 layers) moves layer 15 to CUDA0
+    default = "".join("llama_kv_cache_init:      CUDA%d KV buffer size = %.2f MiB\n" % (i, per_layer * n)
+                      for i, n in enumerate([16, 15, 16, 14]))
+    diff = [d for d in elog.evaluate(elog.parse(default), plan)["differences"] if d["check"] == "layer_split"]
+    assert diff and diff[0]["found"] == "CUDA0 holds the KV cache of about 16 layer(s)"
+    assert diff[0]["expected"] == "CUDA0: 15 layer(s) (0-14)"
+
+
+def test_gpu_memory_of_the_process_must_sit_between_its_experts_and_the_budget():
+    plan = record(R1, [24, 24])
+    gpus = plan["plan"]["gpus"]
+    facts = elog.parse("")
+    fits = [{"pid": 77, "gpu": i, "used_mib": int(g["expected_bytes"] * 0.95 / MIB)} for i, g in enumerate(gpus)]
+    ok = [c for c in elog.evaluate(facts, plan, fits, 77)["checks"] if c["check"] == "gpu_memory"]
+    assert [c["status"] for c in ok] == ["pass", "pass"]
+    over = [dict(fits[0], used_mib=int(gpus[0]["expected_bytes"] / MIB) + 512), fits[1]]
+    diff = next(d for d in elog.evaluate(facts, plan, over, 77)["differences"] if d["check"] == "gpu_memory")
+    assert diff["found"].startswith("GPU 0: the engine holds") and "budget" in diff["expected"]
+    missing = elog.evaluate(facts, plan, [fits[1]], 77)
+    assert any(d["found"] == "PID 77 holds no memory on GPU 0" for d in missing["differences"])
+    nowhere = elog.evaluate(facts, plan, [{"pid": 5, "gpu": 0, "used_mib": 100}], 77)
+    assert nowhere["cpu_only"]
+    na = elog.evaluate(facts, plan, [dict(f, used_mib=None) for f in fits], 77)
+    assert [c["status"] for c in na["checks"] if c["check"] == "gpu_memory"] == ["skip", "skip"]
+
+
+def test_nvidia_smi_csv_maps_uuids_to_indexes_and_reads_na():
+    # the form `--format=csv,noheader,nounits` prints (NVIDIA's nvidia-smi documentation): values, comma + space
+    gpus = elog.parse_smi_gpus("0, GPU-aaaa, 24564\n1, GPU-bbbb, 24564\n")
+    assert gpus == {"GPU-aaaa": 0, "GPU-bbbb": 1}
+    apps = elog.parse_smi_apps("4242, GPU-bbbb, 20133\n4242, GPU-aaaa, [N/A]\n", gpus)
+    assert apps == [{"pid": 4242, "gpu": 1, "used_mib": 20133}, {"pid": 4242, "gpu": 0, "used_mib": None}]
+    assert elog.parse_smi_apps("No running processes found\n", gpus) == []
