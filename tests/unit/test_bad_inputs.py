@@ -55,6 +55,7 @@ def role_vars(role, overrides=None):
     variables.update(overrides or {})
     variables["ansible_facts"] = dict(FACTS)
     variables["inventory_hostname"] = "epyc-node"
+    variables.setdefault("inventory_dir", str(LAB.parents[1]))
     return _trust(variables)
 
 
@@ -116,3 +117,34 @@ def test_every_role_has_cases_and_one_replayed_case():
     assert sorted(TABLE) == roles
     for role, cases in TABLE.items():
         assert len([c for c in cases if c.get("replay")]) == 1, role
+
+
+# Scenarios that run a role only through an entry point without validation (their values never reach validate.yml).
+NOT_VALIDATED = {("gpu_devices", "nvidia_driver")}  # tasks_from: device_nodes.yml
+
+
+def _scenario_values():
+    """Each scenario's literal inventory values (group_vars and host_vars in molecule.yml), by role prefix: what the
+    scenarios converge with must pass the roles' validation too (an empty value a role documents, for one)."""
+    out = []
+    for path in sorted((REPO / "molecule").glob("*/molecule.yml")):
+        scenario = _load(path)
+        inventory = (scenario.get("provisioner") or {}).get("inventory") or {}
+        values = {}
+        for section in ("group_vars", "host_vars"):
+            for group_values in (inventory.get(section) or {}).values():
+                values.update(group_values or {})
+        # A play's hostvars: each twin of the scenario with its own host_vars (a peer is looked up there).
+        own = inventory.get("host_vars") or {}
+        hostvars = {p["name"]: dict(own.get(p["name"]) or {}) for p in scenario.get("platforms") or []}
+        for role in sorted(TABLE):
+            mine = {k: v for k, v in values.items()
+                    if k.startswith(role + "_") and "{{" not in str(v) and "${" not in str(v)}
+            if mine and (path.parent.name, role) not in NOT_VALIDATED:
+                out.append(pytest.param(role, dict(mine, hostvars=hostvars), id="%s:%s" % (path.parent.name, role)))
+    return out
+
+
+@pytest.mark.parametrize("role, values", _scenario_values())
+def test_the_scenario_values_pass_the_role_validation(role, values):
+    assert first_refusal(role, values) is None
