@@ -21,6 +21,8 @@ try:
 except ImportError:  # imported without Ansible (unit tests in a bare interpreter)
     AnsibleFilterError = ValueError
 
+from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_hardware import cpu_flags
+
 FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
 CPU_INSTRUCTS = ("NATIVE", "AVX512", "AVX2", "FANCY")
 AMX_FLAGS = ("amx_tile", "amx_int8", "amx_bf16")
@@ -51,29 +53,14 @@ def _fail(msg):
     raise AnsibleFilterError(msg)
 
 
-def _flags(value):
-    if isinstance(value, (list, tuple, set)):
-        return {str(v).strip().lower() for v in value if str(v).strip()}
-    text = str(value or "")
-    out = set()
-    for line in text.splitlines() or [text]:
-        if ":" in line:
-            key, _, rest = line.partition(":")
-            if key.strip() not in ("flags", "Features"):
-                continue
-            line = rest
-        out.update(w.lower() for w in line.split())
-    return out
-
-
 def has_amx(flags):
     """All three AMX flags, as kt-kernel's cmake/DetectCPU.cmake requires them."""
-    return set(AMX_FLAGS) <= _flags(flags)
+    return set(AMX_FLAGS) <= set(cpu_flags(flags))
 
 
 def cpu_isa(flags):
     """avx512 (avx512f+avx512bw, Zen 4 and Sapphire Rapids), avx2 (Zen 2/3) or generic."""
-    flags = _flags(flags)
+    flags = set(cpu_flags(flags))
     if set(AVX512_BASE) <= flags:
         return "avx512"
     if "avx2" in flags:

@@ -19,6 +19,8 @@ try:
 except ImportError:  # imported without Ansible (unit tests in a bare interpreter)
     AnsibleFilterError = ValueError
 
+from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_hardware import cpu_flags
+
 FULL_SHA = re.compile(r"^[0-9a-f]{40}\Z")
 DATE = re.compile(r"^\d{4}-\d{2}-\d{2}\Z")
 
@@ -49,24 +51,6 @@ AVX2_OPTIONS = (
 
 def _fail(msg):
     raise AnsibleFilterError(msg)
-
-
-def cpu_flags(value):
-    """Normalise CPU flags: a /proc/cpuinfo 'flags : a b c' line, a plain string or a list."""
-    if value is None:
-        return []
-    if isinstance(value, (list, tuple)):
-        return sorted({str(v).strip().lower() for v in value if str(v).strip()})
-    text = str(value)
-    flags = set()
-    for line in text.splitlines() or [text]:
-        if ":" in line:
-            key, _, rest = line.partition(":")
-            if key.strip() not in ("flags", "Features"):
-                continue
-            line = rest
-        flags.update(word.lower() for word in line.split())
-    return sorted(flags)
 
 
 def cpu_isa(flags):

@@ -204,6 +204,25 @@ def parse_cpuinfo(text):
     }
 
 
+def cpu_flags(value):
+    """Normalise CPU flags: a /proc/cpuinfo 'flags : a b c' (x86) or 'Features : ...' (arm) line, a plain string
+    or a list; sorted, lower case, without duplicates."""
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple, set)):
+        return sorted({str(v).strip().lower() for v in value if str(v).strip()})
+    text = str(value)
+    flags = set()
+    for line in text.splitlines() or [text]:
+        if ":" in line:
+            key, _, rest = line.partition(":")
+            if key.strip() not in ("flags", "Features"):
+                continue
+            line = rest
+        flags.update(word.lower() for word in line.split())
+    return sorted(flags)
+
+
 def isa_summary(flags):
     """Which of the ISA extensions that decide build flags are visible."""
     if not known(flags):
