@@ -93,6 +93,7 @@ stamp source "$t"
 mapfile -t ARGS < <("$PYTHON" - "$KIT" "$nvcc_release" "$CUDA_ROOT" <<'PY'
 import importlib.util, sys, yaml
 kit, cuda, cuda_home = sys.argv[1], sys.argv[2], sys.argv[3]
+sys.path.insert(0, kit + "/.collections")  # the filter imports the collection's module_utils, as in the roles
 spec = importlib.util.spec_from_file_location("lb", kit + "/plugins/filter/llama_build.py")
 lb = importlib.util.module_from_spec(spec); spec.loader.exec_module(lb)
 profile = yaml.safe_load(open(kit + "/inventories/production/group_vars/genoa_1gpu/hardware.yml"))["hmk_hardware"]
