@@ -48,6 +48,12 @@ created:
   description: Whether the user was absent (and, outside check mode, was created by this run).
   type: bool
   returned: always
+pending:
+  description:
+    - Whether the account needed a change (the same as C(changed), kept when a task's C(changed_when) masks that),
+      so that a role which validated in check mode visits again only when there is something to do.
+  type: bool
+  returned: always
 """
 
 import grp
@@ -138,7 +144,7 @@ def main():
         changed = True
         if not module.check_mode:
             module.run_command(["usermod", "--gid", group, name], check_rc=True)
-    result = {"changed": changed, "created": created}
+    result = {"changed": changed, "created": created, "pending": changed}
     if user is not None:
         result["uid"] = user.pw_uid
     module.exit_json(**result)
