@@ -75,6 +75,11 @@ options:
     type: list
     elements: str
     default: []
+  gguf_layout:
+    description:
+      - A GGUF model (its first split) whose tensor table is read with the kit's GGUF reader, as
+        M(hmk.moe_kit.hmk_gguf_layout) reads it; a file that is not GGUF fails the task.
+    type: path
 author: hybrid-moe-kit
 """
 
@@ -123,14 +128,20 @@ units:
   description: LoadState, UnitFileState, ActiveState and SubState per asked unit.
   type: dict
   returned: always
+gguf_layout:
+  description: The model's layout as M(hmk.moe_kit.hmk_gguf_layout) returns it (empty when not asked).
+  type: dict
+  returned: always
 """
 
 import os
 import re
 import stat
+import struct
 import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_gguf import GGUFError, layout
 
 MAX_READ = 1 << 20
 TYPES = ((stat.S_ISREG, "file"), (stat.S_ISDIR, "directory"), (stat.S_ISLNK, "link"))
@@ -280,6 +291,12 @@ def probe(params):
         result["cpu_flags"] = cpu_flags_line(read_text("/proc/cpuinfo") or "")
     if params["packages"]:
         result["packages"] = parse_dpkg_status(read_text_large("/var/lib/dpkg/status"), params["packages"])
+    result["gguf_layout"] = {}
+    if params.get("gguf_layout"):
+        try:
+            result["gguf_layout"] = layout(params["gguf_layout"])
+        except (GGUFError, OSError, struct.error) as exc:
+            raise ProbeError("cannot read the model's tensor table: %s" % exc)
     return result
 
 
@@ -309,6 +326,7 @@ def main():
             )),
             packages=dict(type="list", elements="str", default=[]),
             units=dict(type="list", elements="str", default=[]),
+            gguf_layout=dict(type="path"),
         ),
         supports_check_mode=True,
     )

@@ -204,3 +204,21 @@ def test_the_service_account_check_says_pending_even_where_changed_when_masks_ch
                           capture_output=True, text=True, env=env, check=False)
     out = json.loads(proc.stdout)
     assert out["changed"] is True and out["pending"] is True and out["created"] is True
+
+
+def test_the_probe_reads_a_model_layout_as_hmk_gguf_layout_does(tmp_path):
+    from conftest_model_sync import catalog, generate
+
+    from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_gguf import layout
+
+    entry = catalog()["tiny-deepseek2"]
+    paths = sorted(p for p in generate(str(tmp_path / "model"), entry["generator"], "tiny-deepseek2") if p.endswith(".gguf"))
+    out = run(tmp_path, gguf_layout=paths[0])
+    assert "failed" not in out, out
+    assert out["gguf_layout"] == json.loads(json.dumps(layout(paths[0])))
+    assert out["gguf_layout"]["expert_bytes"] and out["gguf_layout"]["files"][0]["path"] == paths[0]
+    assert run(tmp_path, paths=["/"])["gguf_layout"] == {}
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"NOTGGUF" + b"\0" * 64)
+    failed = run(tmp_path, gguf_layout=str(broken))
+    assert failed["failed"] and failed["msg"].startswith("cannot read the model's tensor table")
