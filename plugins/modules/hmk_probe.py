@@ -22,8 +22,8 @@ description:
 options:
   paths:
     description:
-      - Paths to C(lstat). Each answer has C(exists), C(type) (C(file), C(directory), C(link), C(other) or
-        C(missing)), C(lnk_target) (links), C(target_type) (the type a link resolves to), C(executable)
+      - Paths to C(lstat). Each answer has C(exists), C(type) (C(file), C(directory), C(link), C(char) (a character
+        device), C(other) or C(missing)), C(lnk_target) (links), C(target_type) (the type a link resolves to), C(executable)
         (resolved, for this user), C(mode) (octal string), C(uid), C(gid), C(size) and C(mtime).
     type: list
     elements: path
@@ -144,7 +144,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_gguf import GGUFError, layout
 
 MAX_READ = 1 << 20
-TYPES = ((stat.S_ISREG, "file"), (stat.S_ISDIR, "directory"), (stat.S_ISLNK, "link"))
+TYPES = ((stat.S_ISREG, "file"), (stat.S_ISDIR, "directory"), (stat.S_ISLNK, "link"), (stat.S_ISCHR, "char"))
 
 
 class ProbeError(Exception):

@@ -53,6 +53,7 @@ def test_paths_answer_type_link_target_and_executable(tmp_path):
     dangling = m.path_facts(str(root / "dangling"))
     assert dangling["exists"] and dangling["type"] == "link" and dangling["target_type"] == "missing"
     assert not dangling["executable"]
+    assert m.path_facts("/dev/null")["type"] == "char"  # /dev/nvidia-uvm is judged the same way
     missing = m.path_facts(str(root / "nothing"))
     assert missing == {"exists": False, "type": "missing", "lnk_target": "", "target_type": "missing", "executable": False}
 
