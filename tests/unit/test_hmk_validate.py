@@ -410,3 +410,50 @@ def test_the_rehash_quarantines_a_flipped_bit_and_keeps_the_rest(tmp_path):
     assert 'hmk_model_integrity_file_mismatch{model="m",file="b.gguf"} 1' in prom
     again = integrity.rehash(str(root), str(stamps), str(quarantine))
     assert again["ok"] and again["files_checked"] == 1
+
+
+def test_the_gate_sends_the_smoke_completion_with_the_key_and_returns_what_came_back():
+    import socket
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    seen = []
+
+    class Engine(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - the handler's name is http.server's
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append((self.path, self.headers.get("Authorization"), body))
+            if self.headers.get("Authorization") != "Bearer k3y":
+                self.send_response(401)
+                self.end_headers()
+                self.wfile.write(b'{"error": {"message": "Invalid API Key"}}')
+                return
+            answer = json.dumps({"choices": [{"message": {"content": "hi"}}], "usage": {"completion_tokens": 3}})
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(answer.encode())
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Engine)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = "http://127.0.0.1:%d/v1/chat/completions" % server.server_port
+        smoke = {"url": url, "model": "default", "prompt": "Say hi", "max_tokens": 8, "timeout": 10, "api_key": "k3y"}
+        assert gate.completion(smoke) == {"status": 200, "json": {"choices": [{"message": {"content": "hi"}}],
+                                                                  "usage": {"completion_tokens": 3}}}
+        assert seen[0] == ("/v1/chat/completions", "Bearer k3y",
+                           {"model": "default", "messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 8})
+        refused = gate.completion(dict(smoke, api_key=""))
+        assert refused["status"] == 401 and refused["json"]["error"]["message"] == "Invalid API Key"
+        assert seen[1][1] is None
+    finally:
+        server.shutdown()
+        server.server_close()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed = sock.getsockname()[1]
+    down = gate.completion(dict(smoke, url="http://127.0.0.1:%d/v1/chat/completions" % closed))
+    assert down["status"] == 0 and down["json"] == {} and down["error"]
