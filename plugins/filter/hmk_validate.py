@@ -12,7 +12,7 @@ __metaclass__ = type
 import ipaddress
 
 from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_model_sync import validate_catalog
-from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_validate import check_all, check_profile
+from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_validate import check_all, check_profile, proc_sys_path, sysctl_key_refusals
 
 
 def hmk_validate(specs):
@@ -33,6 +33,18 @@ def hmk_validate_catalog(catalog, selected):
             validate_catalog(catalog or {}, [m for m in selected or [] if m in (catalog or {})], require_hashes=False)]
 
 
+def hmk_proc_sys_path(key):
+    """The /proc/sys path of a sysctl key, as sysctl(8) reads it."""
+    return proc_sys_path(str(key))
+
+
+def hmk_validate_sysctl_keys(keys, var, present_paths):
+    """Refusals for the keys whose /proc/sys path is not among those a role's live read found on the node (the same
+    words hmk_validate_node uses)."""
+    present = set(present_paths or [])
+    return sysctl_key_refusals(var, list(keys or []), lambda path: path in present)
+
+
 def hmk_is_loopback(host):
     """Whether an address is loopback (127.0.0.0/8, ::1); anything unparsable counts as not loopback."""
     try:
@@ -44,4 +56,5 @@ def hmk_is_loopback(host):
 class FilterModule(object):
     def filters(self):
         return {"hmk_validate": hmk_validate, "hmk_validate_profile": hmk_validate_profile,
-                "hmk_validate_catalog": hmk_validate_catalog, "hmk_is_loopback": hmk_is_loopback}
+                "hmk_validate_catalog": hmk_validate_catalog, "hmk_is_loopback": hmk_is_loopback,
+                "hmk_proc_sys_path": hmk_proc_sys_path, "hmk_validate_sysctl_keys": hmk_validate_sysctl_keys}

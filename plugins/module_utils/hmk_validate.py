@@ -612,6 +612,19 @@ def proc_sys_path(key):
     return "/proc/sys/" + key
 
 
+def sysctl_key_refusals(var, keys, exists):
+    """Refusals for sysctl keys this kernel lacks; `exists(path)` answers for /proc/sys paths (os.path.exists on the
+    node, or the paths a role's live read found)."""
+    out = []
+    for key in keys or []:
+        key = str(key)
+        path = proc_sys_path(key)
+        if not exists(path):
+            out.append(refusal("%s[%s]" % (var, key), key, "a sysctl key this kernel has (%s does not exist; the drop-in "
+                                                          "would fail at every boot)" % path))
+    return out
+
+
 def parse_proc_net_tcp(text, ipv6=False):
     """Listening sockets of /proc/net/tcp{,6}: [(address, port, inode)]."""
     out = []
@@ -656,3 +669,64 @@ def port_holders(port, host, listeners, owners):
         if lport == int(port) and addresses_overlap(address, host):
             out.append((address, inode, owners.get(inode, "")))
     return out
+
+
+# ---------------------------------------------------------------------------------- the kit's service accounts
+# hmk_service_account creates them; hmk_validate_node refuses a bad one with the node's other checks, in the same
+# words, and says whether anything is pending (so that a converged node is not visited a second time).
+
+MARK = "hybrid-moe-kit service account"
+
+
+def _gecos_mark(entry):
+    return entry.pw_gecos.split(",")[0]
+
+
+def account_problems(name, group, mark, users, groups, user_var="service user", group_var="service group"):
+    """Refusals for using `name`:`group` as the kit's account; `users`/`groups` are pwd/grp entries."""
+    out = []
+    for var, value in ((user_var, name), (group_var, group)):
+        problem = rule_user(value)
+        if problem:
+            out.append(refusal(var, value, problem))
+    if out:
+        return out
+    by_name = dict((u.pw_name, u) for u in users)
+    ours = set(u.pw_name for u in users if _gecos_mark(u) == mark)
+    user = by_name.get(name)
+    if user is not None:
+        if user.pw_uid == 0:
+            out.append(refusal(user_var, name, "a dedicated unprivileged account, never uid 0"))
+        elif name not in ours:
+            out.append(refusal(
+                user_var, name,
+                "a new account the kit creates, or one it created before (GECOS \"%s\"); %s exists as uid %d "
+                "(home %s, shell %s) and was not created by this kit, so it is left untouched. Choose another name; "
+                "if this is the account an earlier version of the kit created, mark it with: usermod -c '%s' %s"
+                % (mark, name, user.pw_uid, user.pw_dir, user.pw_shell, mark, name)))
+    existing = dict((g.gr_name, g) for g in groups).get(group)
+    if existing is not None:
+        foreign = sorted(set([u.pw_name for u in users if u.pw_gid == existing.gr_gid and u.pw_name not in ours]
+                             + [m for m in existing.gr_mem if m not in ours]))
+        if existing.gr_gid == 0:
+            out.append(refusal(group_var, group, "a dedicated group, never gid 0"))
+        elif foreign:
+            out.append(refusal(group_var, group, "a group of the kit's accounts only; %s also belongs to %s, "
+                                                         "who would share what the service reads"
+                                                         % (group, ", ".join(foreign))))
+    return out
+
+
+def account_pending(name, group, users, groups):
+    """What creating `name`:`group` as the kit's account would change; `users`/`groups` are pwd/grp entries."""
+    by_name = dict((u.pw_name, u) for u in users)
+    gids = dict((g.gr_name, g.gr_gid) for g in groups)
+    user = by_name.get(name)
+    group_missing = group not in gids
+    user_missing = user is None
+    wrong_group = not user_missing and (group_missing or user.pw_gid != gids[group])
+    answer = {"group_missing": group_missing, "user_missing": user_missing, "wrong_group": wrong_group,
+              "pending": group_missing or user_missing or wrong_group}
+    if user is not None:
+        answer["uid"] = user.pw_uid
+    return answer

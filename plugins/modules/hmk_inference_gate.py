@@ -15,6 +15,8 @@ description:
   - Fails as soon as the unit has failed, or systemd restarted the engine (it exited), instead of waiting out the
     timeout; fails when the timeout passes. The message carries the unit's result and the engine's last journal
     lines since C(since).
+  - Once ready, sends the short chat completion of I(smoke) in the same visit and returns its HTTP status and
+    JSON body for the caller to judge (a failed completion does not fail this module).
   - Only reads; the caller restarts the unit.
 options:
   unit:
@@ -37,6 +39,16 @@ options:
     description: How many of the engine's last journal lines a failure carries.
     type: int
     default: 25
+  smoke:
+    description: A chat completion to send once the engine is ready (OpenAI-compatible C(/v1/chat/completions)).
+    type: dict
+    suboptions:
+      url: {description: The completions URL., type: str, required: true}
+      model: {description: The model name sent., type: str, required: true}
+      prompt: {description: The user message., type: str, required: true}
+      max_tokens: {description: Tokens asked for., type: int, default: 8}
+      timeout: {description: Seconds the completion may take., type: int, default: 300}
+      api_key: {description: Bearer token; empty sends none., type: str, default: "", no_log: true}
 author: hybrid-moe-kit
 """
 
@@ -49,11 +61,17 @@ main_pid:
   description: The engine's main PID when it became ready.
   type: int
   returned: success
+smoke:
+  description: The completion's C(status) (0 when no HTTP answer came, with C(error)) and C(json) body.
+  type: dict
+  returned: success, when I(smoke) is given
 """
 
+import json
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.six.moves.urllib.error import HTTPError
 from ansible.module_utils.urls import open_url
 
 PROPS = "ActiveState,SubState,MainPID,NRestarts,Result,ExecMainCode,ExecMainStatus"
@@ -81,6 +99,28 @@ def ready(url):
         return False
 
 
+def completion(smoke):
+    """{status, json[, error]} of one short chat completion; never raises."""
+    body = json.dumps({"model": smoke["model"], "messages": [{"role": "user", "content": smoke["prompt"]}],
+                       "max_tokens": smoke["max_tokens"]})
+    headers = {"Content-Type": "application/json"}
+    if smoke.get("api_key"):
+        headers["Authorization"] = "Bearer " + smoke["api_key"]
+    try:
+        response = open_url(smoke["url"], data=body, headers=headers, method="POST", timeout=smoke["timeout"],
+                            validate_certs=False, follow_redirects="none")
+        status, raw = response.getcode(), response.read()
+    except HTTPError as exc:
+        status, raw = exc.code, exc.read() if hasattr(exc, "read") else b""
+    except Exception as exc:  # pylint: disable=broad-except  # refused, reset, timed out: judged by the caller
+        return {"status": 0, "json": {}, "error": str(exc)}
+    try:
+        answer = json.loads(raw.decode("utf-8", "replace") or "{}")
+    except ValueError:
+        answer = {"body": raw.decode("utf-8", "replace")[:400]}
+    return {"status": status, "json": answer if isinstance(answer, dict) else {"body": answer}}
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -89,6 +129,14 @@ def main():
             timeout=dict(type="int", default=600),
             since=dict(type="float", default=0),
             journal_lines=dict(type="int", default=25),
+            smoke=dict(type="dict", options=dict(
+                url=dict(type="str", required=True),
+                model=dict(type="str", required=True),
+                prompt=dict(type="str", required=True),
+                max_tokens=dict(type="int", default=8),
+                timeout=dict(type="int", default=300),
+                api_key=dict(type="str", default="", no_log=True),
+            )),
         ),
         supports_check_mode=True,
     )
@@ -102,7 +150,10 @@ def main():
         if reason:
             break
         if now.get("ActiveState") == "active" and ready(p["url"]):
-            module.exit_json(changed=False, waited=round(time.time() - start, 1), main_pid=int(now.get("MainPID") or 0))
+            result = {"waited": round(time.time() - start, 1), "main_pid": int(now.get("MainPID") or 0)}
+            if p["smoke"]:
+                result["smoke"] = completion(p["smoke"])
+            module.exit_json(changed=False, **result)
         if time.time() - start > p["timeout"]:
             reason = "not ready after %d s (%s/%s)" % (p["timeout"], now.get("ActiveState"), now.get("SubState"))
             break

@@ -58,6 +58,10 @@ now:
   description: The node's clock when it was read (seconds since the epoch), for journal queries after a restart.
   type: float
   returned: always
+unit_file_state:
+  description: The unit's UnitFileState (C(enabled), C(disabled), ...; empty when systemd does not know the unit).
+  type: str
+  returned: always
 """
 
 import os
@@ -119,11 +123,12 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    rc, out, err = module.run_command(["systemctl", "show", p["unit"], "--property=MainPID,ActiveState"])
+    rc, out, err = module.run_command(["systemctl", "show", p["unit"], "--property=MainPID,ActiveState,UnitFileState"])
     props = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
     pid = int(props.get("MainPID") or 0)
+    enabled = props.get("UnitFileState", "")
     if rc != 0 or props.get("ActiveState") != "active" or pid == 0:
-        module.exit_json(changed=False, running=False, main_pid=0, started=0.0, now=time.time(),
+        module.exit_json(changed=False, running=False, main_pid=0, started=0.0, now=time.time(), unit_file_state=enabled,
                          drift=["the service is not running (%s)" % (props.get("ActiveState") or err.strip() or "unknown")])
     try:
         running_argv = _read("/proc/%d/cmdline" % pid, "rb").decode("utf-8", "surrogateescape").split("\0")[:-1]
@@ -131,7 +136,7 @@ def main():
         exe = os.readlink("/proc/%d/exe" % pid)
     except (IOError, OSError) as exc:
         module.exit_json(changed=False, running=False, main_pid=pid, started=0.0, now=time.time(),
-                         drift=["the engine's process %d could not be read (%s)" % (pid, exc)])
+                         unit_file_state=enabled, drift=["the engine's process %d could not be read (%s)" % (pid, exc)])
     mtimes = {}
     for path in p["files"]:
         try:
@@ -140,7 +145,8 @@ def main():
             mtimes[path] = None
     binary = os.path.realpath(p["binary"]) if p["binary"] else None
     drift = judge(p["argv"], running_argv, started, mtimes, exe=exe, binary=binary)
-    module.exit_json(changed=False, running=True, main_pid=pid, started=started, now=time.time(), drift=drift)
+    module.exit_json(changed=False, running=True, main_pid=pid, started=started, now=time.time(), unit_file_state=enabled,
+                     drift=drift)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
-"""Input checks only the node can answer: paths that must exist, sysctl keys, ports other units listen on."""
+"""Input checks only the node can answer: paths that must exist, sysctl keys, ports other units listen on, and the
+kit's service accounts."""
 from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
@@ -16,6 +17,9 @@ description:
   - C(sysctl_keys) must exist under /proc/sys on this kernel (a key the kernel lacks would sit in the drop-in
     and fail at every boot).
   - C(ports) must not be listened on by another unit or process (the own C(unit) may hold it).
+  - C(accounts) must be the kit's own service accounts or free to be created, as M(hmk.moe_kit.hmk_service_account)
+    refuses them (root, gid 0, accounts and groups the kit did not create); what creating them would change is
+    returned, so that the role's write visit follows only when something is pending.
 options:
   paths:
     description: Paths that must exist - var, path, type (file, directory or any), allow_empty.
@@ -31,6 +35,11 @@ options:
     type: list
     elements: dict
     default: []
+  accounts:
+    description: Service accounts - name, group (defaults to the name), user_var and group_var (named in refusals).
+    type: list
+    elements: dict
+    default: []
 author: hybrid-moe-kit
 """
 
@@ -39,14 +48,22 @@ refusals:
   description: One sentence per input the node refuses (empty when all fit).
   type: list
   returned: always
+accounts:
+  description:
+    - Per asked account name - C(pending) (creating it would change something), C(user_missing), C(group_missing),
+      C(wrong_group) and, for an existing user, C(uid).
+  type: dict
+  returned: always
 """
 
 import glob
+import grp
 import os
+import pwd
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_validate import (
-    parse_proc_net_tcp, port_holders, proc_sys_path, refusal, unit_of_cgroup)
+    MARK, account_pending, account_problems, parse_proc_net_tcp, port_holders, refusal, sysctl_key_refusals, unit_of_cgroup)
 
 
 def _read(path):
@@ -91,13 +108,21 @@ def check_paths(items):
 
 
 def check_sysctl_keys(spec):
-    out = []
-    for key in spec.get("keys") or []:
-        key = str(key)
-        if not os.path.exists(proc_sys_path(key)):
-            out.append(refusal("%s[%s]" % (spec.get("var", "sysctl"), key), key, "a sysctl key this kernel has (%s does not exist; the drop-in would "
-                                                 "fail at every boot)" % proc_sys_path(key)))
-    return out
+    return sysctl_key_refusals(spec.get("var", "sysctl"), spec.get("keys"), os.path.exists)
+
+
+def check_accounts(items, users, groups):
+    """(refusals, {name: pending state}) for the kit's service accounts."""
+    out, states = [], {}
+    for item in items:
+        name = str(item.get("name") or "")
+        group = str(item.get("group") or name)
+        problems = account_problems(name, group, MARK, users, groups, item.get("user_var") or "service user",
+                                    item.get("group_var") or "service group")
+        out.extend(problems)
+        if not problems:
+            states[name] = account_pending(name, group, users, groups)
+    return out, states
 
 
 def check_ports(items):
@@ -126,14 +151,16 @@ def main():
             paths=dict(type="list", elements="dict", default=[]),
             sysctl_keys=dict(type="dict", default={}),
             ports=dict(type="list", elements="dict", default=[]),
+            accounts=dict(type="list", elements="dict", default=[]),
         ),
         supports_check_mode=True,
     )
     p = module.params
-    refusals = check_paths(p["paths"]) + check_sysctl_keys(p["sysctl_keys"]) + check_ports(p["ports"])
+    account_refusals, accounts = check_accounts(p["accounts"], pwd.getpwall(), grp.getgrall()) if p["accounts"] else ([], {})
+    refusals = check_paths(p["paths"]) + check_sysctl_keys(p["sysctl_keys"]) + check_ports(p["ports"]) + account_refusals
     if refusals:
         module.fail_json(msg="refused before any change: " + " | ".join(refusals), refusals=refusals)
-    module.exit_json(changed=False, refusals=[])
+    module.exit_json(changed=False, refusals=[], accounts=accounts)
 
 
 if __name__ == "__main__":

@@ -196,6 +196,20 @@ def test_proc_sys_paths_follow_sysctl():
     assert v.proc_sys_path("net/ipv4/ip_forward") == "/proc/sys/net/ipv4/ip_forward"
 
 
+def test_a_missing_sysctl_key_is_refused_in_the_same_words_on_the_node_and_from_kernel_tunings_live_read():
+    node = _module("hmk_validate_node", REPO / "plugins" / "modules" / "hmk_validate_node.py")
+    filters = _module("hmk_validate_filters", REPO / "plugins" / "filter" / "hmk_validate.py").FilterModule().filters()
+    keys = ["vm.max_map_count", "vm.hmk_no_such_key", "net.ipv4.conf.eth0/100.rp_filter"]
+    on_node = node.check_sysctl_keys({"var": "kernel_tuning_sysctl", "keys": keys})
+    assert len(on_node) == 2 and "a sysctl key this kernel has" in on_node[0]
+    assert on_node[0].startswith("kernel_tuning_sysctl[vm.hmk_no_such_key]")
+    paths = [filters["hmk_proc_sys_path"](key) for key in keys]
+    assert paths[2] == "/proc/sys/net/ipv4/conf/eth0.100/rp_filter"
+    found = [path for path in paths if os.path.exists(path)]  # what the role's shell prints
+    assert filters["hmk_validate_sysctl_keys"](keys, "kernel_tuning_sysctl", found) == on_node
+    assert filters["hmk_validate_sysctl_keys"](keys, "kernel_tuning_sysctl", paths) == []
+
+
 # /proc/net/tcp and tcp6 as the kernel prints them (sshd on 127.0.0.1:2386, the engine on [::]:18551).
 PROC_NET_TCP = """  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
    0: 0100007F:0952 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 31337 1 0000000000000000 100 0 0 10 0
@@ -245,6 +259,27 @@ def test_root_and_accounts_the_kit_did_not_create_are_refused_untouched():
     assert "was not created by this kit" in message and "/home/alice" in message and "usermod -c" in message
     assert account.account_problems("messagebus", "messagebus", account.MARK, USERS, GROUPS)
     assert "adm also belongs to alice" in account.account_problems("moe", "adm", account.MARK, USERS, GROUPS)[0]
+
+
+def test_what_creating_an_account_would_change_is_known_so_a_converged_node_is_visited_once():
+    assert v.account_pending("moe", "moe", USERS, GROUPS) == {
+        "group_missing": False, "user_missing": False, "wrong_group": False, "pending": False, "uid": 998}
+    fresh = v.account_pending("inference", "inference", USERS, GROUPS)
+    assert fresh["pending"] and fresh["user_missing"] and fresh["group_missing"] and "uid" not in fresh
+    regrouped = v.account_pending("moe", "hmk", USERS, GROUPS)
+    assert regrouped["pending"] and regrouped["wrong_group"] and regrouped["group_missing"] and not regrouped["user_missing"]
+    assert v.account_pending("moe", "alice", USERS, GROUPS)["wrong_group"]
+
+
+def test_the_node_check_refuses_accounts_in_the_service_account_modules_words_and_returns_what_is_pending():
+    node = _module("hmk_validate_node", REPO / "plugins" / "modules" / "hmk_validate_node.py")
+    refusals, states = node.check_accounts(
+        [{"name": "moe", "group": "moe", "user_var": "inference_service_user", "group_var": "inference_service_group"},
+         {"name": "alice", "user_var": "model_sync_service_user"}], USERS, GROUPS)
+    assert refusals == account.account_problems("alice", "alice", account.MARK, USERS, GROUPS,
+                                                "model_sync_service_user")
+    assert refusals[0].startswith("model_sync_service_user") and "was not created by this kit" in refusals[0]
+    assert states == {"moe": v.account_pending("moe", "moe", USERS, GROUPS)}
 
 
 # ------------------------------------------------------------------------------- the running engine
@@ -375,3 +410,50 @@ def test_the_rehash_quarantines_a_flipped_bit_and_keeps_the_rest(tmp_path):
     assert 'hmk_model_integrity_file_mismatch{model="m",file="b.gguf"} 1' in prom
     again = integrity.rehash(str(root), str(stamps), str(quarantine))
     assert again["ok"] and again["files_checked"] == 1
+
+
+def test_the_gate_sends_the_smoke_completion_with_the_key_and_returns_what_came_back():
+    import socket
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    seen = []
+
+    class Engine(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - the handler's name is http.server's
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append((self.path, self.headers.get("Authorization"), body))
+            if self.headers.get("Authorization") != "Bearer k3y":
+                self.send_response(401)
+                self.end_headers()
+                self.wfile.write(b'{"error": {"message": "Invalid API Key"}}')
+                return
+            answer = json.dumps({"choices": [{"message": {"content": "hi"}}], "usage": {"completion_tokens": 3}})
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(answer.encode())
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Engine)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = "http://127.0.0.1:%d/v1/chat/completions" % server.server_port
+        smoke = {"url": url, "model": "default", "prompt": "Say hi", "max_tokens": 8, "timeout": 10, "api_key": "k3y"}
+        assert gate.completion(smoke) == {"status": 200, "json": {"choices": [{"message": {"content": "hi"}}],
+                                                                  "usage": {"completion_tokens": 3}}}
+        assert seen[0] == ("/v1/chat/completions", "Bearer k3y",
+                           {"model": "default", "messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 8})
+        refused = gate.completion(dict(smoke, api_key=""))
+        assert refused["status"] == 401 and refused["json"]["error"]["message"] == "Invalid API Key"
+        assert seen[1][1] is None
+    finally:
+        server.shutdown()
+        server.server_close()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed = sock.getsockname()[1]
+    down = gate.completion(dict(smoke, url="http://127.0.0.1:%d/v1/chat/completions" % closed))
+    assert down["status"] == 0 and down["json"] == {} and down["error"]
