@@ -46,12 +46,17 @@ def free_port():
         return sock.getsockname()[1]
 
 
-def wait_port(port):
-    for _ in range(200):
+def wait_port(port, proc=None, seconds=10.0):
+    """Until the port answers; the stand-in Hub hashes its repository first (as the Hub knows each LFS oid), which
+    takes minutes at tens of GB, so its caller gives it longer and stops waiting if the server exits."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
             return
         except OSError:
+            if proc is not None and proc.poll() is not None:
+                raise SystemExit("the server for port %d exited with %s" % (port, proc.returncode))
             time.sleep(0.05)
     raise SystemExit("nothing listens on port %d" % port)
 
@@ -161,8 +166,8 @@ def hub_path(args, files, data_dir):
     server = subprocess.Popen([sys.executable, STANDIN, "--repos", repos, "--port", str(port), "--storage-port",
                                str(storage), "--lifetime", "3600"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_port(port)
-        wait_port(storage)
+        wait_port(port, server, seconds=60 + sum(f["size"] for f in files) / 100e6)
+        wait_port(storage, server)
         endpoint = "http://127.0.0.1:%d" % port
         locked = [dict(f, repo=REPO, commit=commit, path="BENCH/" + f["name"]) for f in files]
         urls = dict((f["name"], "%s/%s" % (endpoint, hmk_hub.resolve_path(REPO, commit, f["path"]))) for f in locked)
