@@ -4,27 +4,19 @@ arguments as JSON), against a real filesystem."""
 import json
 import os
 import stat
-import subprocess
-import sys
 
 import pytest
 
 from ansible_collections.hmk.moe_kit.plugins.modules import hmk_files as m
+from module_process import run_module
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 ME = str(os.getuid())
 GROUP = str(os.getgid())
 
 
 def run(tmp_path, check=False, diff=False, **args):
     args.update(_ansible_check_mode=check, _ansible_diff=diff)
-    argsfile = tmp_path / "args.json"
-    argsfile.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args}))
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, ".collections"))
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "plugins/modules/hmk_files.py"), str(argsfile)],
-                          capture_output=True, text=True, env=env, check=False)
-    argsfile.unlink()
-    return json.loads(proc.stdout)
+    return run_module("hmk_files", tmp_path, args)
 
 
 def layout(tmp_path, key="s3cret"):

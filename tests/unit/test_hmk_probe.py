@@ -5,24 +5,17 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 
 import pytest
 
 from ansible_collections.hmk.moe_kit.plugins.modules import hmk_probe as m
+from module_process import run_module
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
 def run(tmp_path, check=False, **args):
     args.update(_ansible_check_mode=check)
-    argsfile = tmp_path / "args.json"
-    argsfile.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args}))
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, ".collections"))
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "plugins/modules/hmk_probe.py"), str(argsfile)],
-                          capture_output=True, text=True, env=env, check=False)
-    argsfile.unlink()
-    return json.loads(proc.stdout)
+    return run_module("hmk_probe", tmp_path, args)
 
 
 def build_tree(tmp_path):
@@ -198,12 +191,7 @@ def test_the_module_fails_with_the_path_on_an_unreadable_answer(tmp_path):
 
 def test_the_service_account_check_says_pending_even_where_changed_when_masks_changed(tmp_path):
     """The roles validate the account in check mode (changed_when: false) and visit again only when it is pending."""
-    argsfile = tmp_path / "args.json"
-    argsfile.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {"name": "hmk-no-such-account", "_ansible_check_mode": True}}))
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, ".collections"))
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "plugins/modules/hmk_service_account.py"), str(argsfile)],
-                          capture_output=True, text=True, env=env, check=False)
-    out = json.loads(proc.stdout)
+    out = run_module("hmk_service_account", tmp_path, {"name": "hmk-no-such-account", "_ansible_check_mode": True})
     assert out["changed"] is True and out["pending"] is True and out["created"] is True
 
 
