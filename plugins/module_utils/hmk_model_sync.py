@@ -11,9 +11,13 @@ staging, where the next run resumes it. A bad file never replaces a good one: it
 """
 from __future__ import absolute_import, division, print_function
 
+import errno
+import fcntl
 import hashlib
 import json
+import mmap
 import os
+import queue
 import re
 import shutil
 import subprocess
@@ -290,65 +294,139 @@ def _size_of(path):
         return 0
 
 
-def _stream_into(reader, handle, digest):
-    copied = 0
-    while True:
-        block = reader.read(CHUNK)
-        if not block:
-            return copied
-        handle.write(block)
-        digest.update(block)
-        copied += len(block)
+ALIGN = 4096  # direct I/O: file offsets, lengths and memory aligned to the page (>= any logical block size here)
+BLOCKS = 3    # buffers in flight: one being filled and hashed, up to two being written
 
 
-class _GrowingFileHasher:
-    """Hashes a file that another process (curl) is appending to, following it as it grows.
+class _Appender:
+    """Appends to a partial at explicit offsets: direct I/O (O_DIRECT) for aligned blocks, buffered for the rest.
 
-    curl writes the partial file itself (the kernel copies the socket into the page cache); this side reads
-    each new byte once from the page cache, so a verified download costs one extra read, no pipe and no
-    second write. After each hashed window the written range is handed to writeback
-    (posix_fadvise DONTNEED starts it without waiting), so the fsync before publication finds little left.
+    A model file is written once and read back by the engine long after, so its bytes need not pass through the
+    page cache on the way in: direct writes skip the cache's page allocation, dirty accounting and writeback,
+    which is most of the kernel's cost of a buffered download (measured in benchmarks/model_sync.py). A head that
+    brings a resumed partial to the next aligned offset and the tail of the file go buffered; a filesystem that
+    refuses O_DIRECT (tmpfs, some network filesystems) gets buffered writes only. fsync covers both.
     """
 
-    WRITEBACK_WINDOW = 64 * 1024 * 1024
-
-    def __init__(self, path, digest):
-        self.path, self.digest = path, digest
-        self.handle = open(path, "rb")
-        self.position = self.handle.seek(0, os.SEEK_END)
-        self.flushed = self.position
-
-    def catch_up(self):
-        """Hash every byte now in the file; returns how many were new."""
-        start = self.position
-        while True:
-            block = self.handle.read(CHUNK)
-            if not block:
-                break
-            self.digest.update(block)
-            self.position += len(block)
-        if self.position - self.flushed >= self.WRITEBACK_WINDOW:
-            self._writeback()
-        return self.position - start
-
-    def _writeback(self):
-        advise = getattr(os, "posix_fadvise", None)
-        if advise is not None:
+    def __init__(self, path, direct=True):
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+        self.offset = os.lseek(self.fd, 0, os.SEEK_END)
+        self.direct_fd = None
+        self.direct_bytes = self.buffered_bytes = 0
+        flag = getattr(os, "O_DIRECT", 0)
+        if direct and flag:
             try:
-                advise(self.handle.fileno(), self.flushed, self.position - self.flushed, os.POSIX_FADV_DONTNEED)
+                self.direct_fd = os.open(path, os.O_WRONLY | flag | getattr(os, "O_CLOEXEC", 0))
             except OSError:
-                pass
-        self.flushed = self.position
+                self.direct_fd = None
 
-    def follow(self, proc, poll_seconds=0.02):
-        """Hash while `proc` writes; returns when it has exited and every byte it wrote is hashed."""
-        while proc.poll() is None:
-            if not self.catch_up():
-                time.sleep(poll_seconds)
-        self.catch_up()
+    def head(self, offset):
+        """Bytes to write before `offset` is aligned for direct I/O (0 when aligned or when direct I/O is off)."""
+        return (-offset) % ALIGN if self.direct_fd is not None else 0
 
-    def close(self):
-        self.handle.close()
+    def write(self, view):
+        """Writes all of `view` (whose memory starts page-aligned) at the current end."""
+        done = 0
+        while done < len(view):
+            rest = view[done:]
+            aligned = len(rest) - len(rest) % ALIGN
+            if self.direct_fd is not None and self.offset % ALIGN == 0 and aligned and done % ALIGN == 0:
+                try:
+                    wrote = os.pwrite(self.direct_fd, rest[:aligned], self.offset)
+                    self.direct_bytes += wrote
+                except OSError as exc:
+                    if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP):
+                        raise
+                    # the filesystem opened O_DIRECT but refuses the write (alignment, no support): buffered from now on
+                    os.close(self.direct_fd)
+                    self.direct_fd = None
+                    continue
+            else:
+                wrote = os.pwrite(self.fd, rest, self.offset)
+                self.buffered_bytes += wrote
+            done += wrote
+            self.offset += wrote
+
+    def close(self, sync=True):
+        try:
+            if sync:
+                os.fsync(self.fd)
+        finally:
+            for fd in (self.fd, self.direct_fd):
+                if fd is not None:
+                    os.close(fd)
+
+
+def append_hashed(fill, partial, digest, direct=True, block=CHUNK):
+    """Appends to `partial` what `fill(view) -> count` delivers (0 at the end), hashing each byte once on its way.
+
+    The bytes are hashed in the buffer they arrive in, piece by piece as each read returns (no read-back of the
+    file), while a second thread writes the previous buffers, so receiving, hashing and writing overlap. The partial is fsynced before this returns: the
+    caller may publish it. A write error (a full disk) raises SyncError and is not retried; `digest` then covers
+    bytes the partial may lack, so the caller drops it and the next run hashes the partial afresh.
+    Returns (bytes appended, the _Appender for its counters).
+    """
+    appender = _Appender(partial, direct)
+    free, full, failure = queue.Queue(), queue.Queue(), []
+    for _ in range(BLOCKS):
+        free.put(mmap.mmap(-1, block))
+
+    def writer():
+        while True:
+            item = full.get()
+            if item is None:
+                return
+            buffer, length = item
+            if not failure:
+                view = memoryview(buffer)
+                try:
+                    appender.write(view[:length])
+                except OSError as exc:
+                    failure.append(exc)
+                finally:
+                    view.release()
+            free.put(buffer)
+
+    thread = threading.Thread(target=writer, name="hmk-append")
+    thread.daemon = True
+    thread.start()
+    total, ended, start = 0, False, appender.offset
+    try:
+        while not ended and not failure:
+            buffer = free.get()
+            view = memoryview(buffer)
+            want = appender.head(start + total) or block
+            got = 0
+            while got < want:
+                count = fill(view[got:want])
+                if not count:
+                    ended = True
+                    break
+                # hashed right after the kernel copied it in, while the piece (16 KiB-1 MiB) is still in the CPU cache
+                digest.update(view[got:got + count])
+                got += count
+            total += got
+            view.release()
+            if got:
+                full.put((buffer, got))
+            else:
+                free.put(buffer)
+    finally:
+        full.put(None)
+        thread.join()
+        appender.close(sync=not failure)
+    if failure:
+        raise SyncError("writing %s failed at byte %d: %s (the bytes before it are kept; the next run hashes them "
+                        "and resumes)" % (partial, appender.offset, failure[0]))
+    return total, appender
+
+
+def _widen_pipe(fd, size=1 << 20):
+    """A 1 MiB pipe (Linux F_SETPIPE_SZ) takes more of what curl writes per wake-up than the default 64 KiB."""
+    try:
+        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), size)
+    except (OSError, IOError):
+        pass
 
 
 def curl_command(url, offset, follow_redirects, connect_timeout=30, stall_seconds=120, output="-"):
@@ -410,45 +488,42 @@ class Source:
 
     def _http(self, relpath, partial, size, digest):
         received, attempt, last_error = 0, 0, ""
-        if not os.path.exists(partial):
-            open(partial, "ab").close()
-        hasher = _GrowingFileHasher(partial, digest)
-        try:
-            while True:
-                offset = _size_of(partial)
-                if offset >= size:
-                    return digest, received
-                # curl appends to the partial itself (--continue-at with --output opens it for append).
-                proc = subprocess.Popen(curl_command(self.describe(relpath), offset, self.follow_redirects,
-                                                     stall_seconds=self.stall_seconds, output=partial),
-                                        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        while True:
+            offset = _size_of(partial)
+            if offset >= size:
+                return digest, received
+            # curl writes the body to a pipe; this side hashes each block as it arrives and appends it (append_hashed)
+            proc = subprocess.Popen(curl_command(self.describe(relpath), offset, self.follow_redirects,
+                                                 stall_seconds=self.stall_seconds),
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            try:
                 proc.stdin.write(curl_config(self.describe(relpath), self.token))
                 proc.stdin.close()
-                hasher.follow(proc)
-                received += _size_of(partial) - offset
-                error = proc.stderr.read().decode("utf-8", "replace").strip()
-                with open(partial, "ab") as handle:
-                    os.fsync(handle.fileno())
-                if proc.wait() == 0:
-                    return digest, received
-                last_error = "curl exit %d: %s" % (proc.returncode, error)
-                if attempt >= self.retries:
-                    raise SyncError("%s: %s (after %d attempts; %d bytes kept in %s, the next run resumes there)"
-                                    % (self.describe(relpath), last_error, attempt + 1, _size_of(partial), partial))
-                attempt += 1
-                time.sleep(min(self.retry_delay * attempt, 60))
-        finally:
-            hasher.close()
+                pipe = proc.stdout.fileno()
+                _widen_pipe(pipe)
+                got, _ = append_hashed(lambda view: os.readv(pipe, [view]), partial, digest)
+            except BaseException:
+                proc.kill()
+                proc.wait()
+                raise
+            received += got
+            error = proc.stderr.read().decode("utf-8", "replace").strip()
+            if proc.wait() == 0:
+                return digest, received
+            last_error = "curl exit %d: %s" % (proc.returncode, error)
+            if attempt >= self.retries:
+                raise SyncError("%s: %s (after %d attempts; %d bytes kept in %s, the next run resumes there)"
+                                % (self.describe(relpath), last_error, attempt + 1, _size_of(partial), partial))
+            attempt += 1
+            time.sleep(min(self.retry_delay * attempt, 60))
 
     def _local(self, relpath, partial, size, digest):
         source = os.path.join(self.location, relpath)
         offset = _size_of(partial)
         try:
-            with open(source, "rb") as reader, open(partial, "ab") as handle:
+            with open(source, "rb", buffering=0) as reader:
                 reader.seek(offset)
-                received = _stream_into(reader, handle, digest)
-                handle.flush()
-                os.fsync(handle.fileno())
+                received, _ = append_hashed(reader.readinto, partial, digest)
         except (IOError, OSError) as exc:
             raise SyncError("%s: %s (%d bytes kept in %s)" % (source, exc, _size_of(partial), partial))
         return digest, received

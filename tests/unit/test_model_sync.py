@@ -314,25 +314,82 @@ def test_the_bearer_token_is_sent_on_stdin_and_never_on_the_command_line(store, 
         assert accepted["errors"] == []
 
 
-def test_curl_writes_the_partial_and_the_hash_follows_it_as_it_grows(tmp_path):
-    argv = hmk.curl_command("http://store/x", 5, False, output=str(tmp_path / "x.partial"))
-    assert argv[argv.index("--output") + 1] == str(tmp_path / "x.partial")
+def _supports_direct_io(directory):
+    probe = os.path.join(str(directory), "direct.probe")
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o600))
+        return True
+    except OSError:
+        return False
+    finally:
+        if os.path.exists(probe):
+            os.unlink(probe)
+
+
+def _writer_process(pieces, size):
+    """A process that writes `pieces` blocks of `size` bytes to stdout in small bursts, as curl does to a pipe."""
+    return subprocess.Popen([sys.executable, "-c", (
+        "import os, sys, time\n"
+        "for i in range(%d):\n"
+        "    os.write(1, bytes([65 + i %% 26]) * %d)\n"
+        "    time.sleep(0.002)\n" % (pieces, size))], stdout=subprocess.PIPE)
+
+
+def test_curl_streams_the_body_and_each_block_is_hashed_in_the_buffer_it_arrives_in(tmp_path):
+    argv = hmk.curl_command("http://store/x", 5, False)
+    assert argv[argv.index("--output") + 1] == "-"
     partial = tmp_path / "x.partial"
-    partial.write_bytes(b"head:")
+    partial.write_bytes(b"head:")  # a resumed partial whose end is not aligned for direct I/O
     digest = hashlib.sha256(b"head:")
-    hasher = hmk._GrowingFileHasher(str(partial), digest)
-    hasher.WRITEBACK_WINDOW = 1000  # exercise the writeback hint on a small file too
-    writer = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time\n"
-        "with open(sys.argv[1], 'ab', buffering=0) as f:\n"
-        "    for i in range(40):\n"
-        "        f.write(bytes([65 + i % 26]) * 997)\n"
-        "        time.sleep(0.005)\n"), str(partial)])
-    hasher.follow(writer, poll_seconds=0.001)
-    hasher.close()
-    assert writer.returncode == 0
+    writer = _writer_process(40, 997)
+    pipe = writer.stdout.fileno()
+    total, appender = hmk.append_hashed(lambda view: os.readv(pipe, [view]), str(partial), digest, block=8192)
+    assert writer.wait() == 0
+    assert total == 40 * 997 and partial.stat().st_size == 5 + total
     assert digest.hexdigest() == hashlib.sha256(partial.read_bytes()).hexdigest()
-    assert hasher.position == 5 + 40 * 997
+    assert appender.direct_bytes + appender.buffered_bytes == total
+    if _supports_direct_io(tmp_path):
+        # the head up to the next 4 KiB boundary and the tail go buffered, every whole block in between direct
+        assert appender.direct_bytes == (total - (hmk.ALIGN - 5)) // hmk.ALIGN * hmk.ALIGN
+    else:
+        assert appender.direct_bytes == 0
+
+
+def test_without_direct_io_every_byte_is_written_through_the_page_cache(tmp_path):
+    partial = tmp_path / "y.partial"
+    digest = hashlib.sha256()
+    writer = _writer_process(12, 4096)
+    pipe = writer.stdout.fileno()
+    total, appender = hmk.append_hashed(lambda view: os.readv(pipe, [view]), str(partial), digest, direct=False,
+                                        block=8192)
+    assert writer.wait() == 0
+    assert (total, appender.direct_bytes, appender.buffered_bytes) == (12 * 4096, 0, 12 * 4096)
+    assert digest.hexdigest() == hashlib.sha256(partial.read_bytes()).hexdigest()
+
+
+def test_a_direct_write_the_filesystem_refuses_falls_back_to_buffered_writes(tmp_path):
+    partial = tmp_path / "z.partial"
+    appender = hmk._Appender(str(partial))
+    opened_direct = appender.direct_fd is not None
+    data = bytearray(b"q" * (3 * hmk.ALIGN + 1))
+    appender.write(memoryview(data)[1:])  # memory one byte off any alignment: a direct write gets EINVAL
+    appender.close()
+    assert partial.read_bytes() == b"q" * (3 * hmk.ALIGN)
+    assert (appender.direct_fd, appender.direct_bytes, appender.buffered_bytes) == (None, 0, 3 * hmk.ALIGN)
+    assert opened_direct == _supports_direct_io(tmp_path)
+
+
+def test_a_write_that_fails_stops_the_append_and_names_the_file():
+    pieces = [b"z" * 100000]
+
+    def fill(view):
+        if not pieces:
+            return 0
+        piece = pieces.pop()
+        view[:len(piece)] = piece
+        return len(piece)
+    with pytest.raises(hmk.SyncError, match=r"writing /dev/full failed at byte 0: .*No space left on device"):
+        hmk.append_hashed(fill, "/dev/full", hashlib.sha256())
 
 
 def test_redirects_are_refused_unless_allowed_and_never_downgrade():
