@@ -10,7 +10,7 @@ Generates --mb of random files once, then for each path in --paths, in the same 
          the first
 For each path, plain curl (as many processes at once as the sync's parallelism, to disk; then the same plus an
 fsync of each file, since the sync makes every file durable before publishing it) and the role's fetch logic
-(hmk_model_sync.Syncer: curl writing to a pipe, sha256 of each piece as it is read, direct-I/O appends, verification,
+(hmk_model_sync.Syncer: the body received in the module, sha256 of each piece as it arrives, direct-I/O appends, verification,
 atomic publication)
 alternate for --rounds rounds; medians are printed. For the store it then cuts a transfer at 40% of one file (no
 retry), re-runs, and prints the bytes fetched twice. Prints the numbers; does not gate (the machine is shared).

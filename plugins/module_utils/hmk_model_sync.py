@@ -14,16 +14,19 @@ from __future__ import absolute_import, division, print_function
 import errno
 import fcntl
 import hashlib
+import http.client
 import json
 import mmap
 import os
 import queue
 import re
 import shutil
+import ssl
 import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import urljoin, urlsplit
 
 from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_gguf import GGUFError, read_gguf
 from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_validate import CONTROL, rule_component, rule_rel_path
@@ -361,13 +364,16 @@ def append_hashed(fill, partial, digest, direct=True, block=CHUNK):
     """Appends to `partial` what `fill(view) -> count` delivers (0 at the end), hashing each byte once on its way.
 
     The bytes are hashed in the buffer they arrive in, piece by piece as each read returns (no read-back of the
-    file), while a second thread writes the previous buffers, so receiving, hashing and writing overlap. The partial is fsynced before this returns: the
-    caller may publish it. A write error (a full disk) raises SyncError and is not retried; `digest` then covers
+    file), while a second thread writes the previous buffers, so receiving, hashing and writing overlap. The
+    partial is fsynced before this returns: the caller may publish it. A write error (a full disk) raises SyncError and is not retried; `digest` then covers
     bytes the partial may lack, so the caller drops it and the next run hashes the partial afresh.
     Returns (bytes appended, the _Appender for its counters).
     """
-    appender = _Appender(partial, direct)
-    free, full, failure = queue.Queue(), queue.Queue(), []
+    try:
+        appender = _Appender(partial, direct)
+    except OSError as exc:
+        raise SyncError("cannot open %s for writing: %s" % (partial, exc))
+    free, full, failure, raised = queue.Queue(), queue.Queue(), [], []
     for _ in range(BLOCKS):
         free.put(mmap.mmap(-1, block))
 
@@ -398,7 +404,11 @@ def append_hashed(fill, partial, digest, direct=True, block=CHUNK):
             want = appender.head(start + total) or block
             got = 0
             while got < want:
-                count = fill(view[got:want])
+                try:
+                    count = fill(view[got:want])
+                except BaseException as exc:  # the bytes hashed so far in this block are still written below
+                    raised.append(exc)
+                    count = 0
                 if not count:
                     ended = True
                     break
@@ -418,30 +428,113 @@ def append_hashed(fill, partial, digest, direct=True, block=CHUNK):
     if failure:
         raise SyncError("writing %s failed at byte %d: %s (the bytes before it are kept; the next run hashes them "
                         "and resumes)" % (partial, appender.offset, failure[0]))
+    if raised:
+        raise raised[0]
     return total, appender
 
 
-def _widen_pipe(fd, size=1 << 20):
-    """A 1 MiB pipe (Linux F_SETPIPE_SZ) takes more of what curl writes per wake-up than the default 64 KiB."""
-    try:
-        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), size)
-    except (OSError, IOError):
-        pass
+def speed_guard(fill, stall_seconds, floor=1024, clock=time.monotonic):
+    """`fill` that fails (TimeoutError) when fewer than `floor` bytes per second arrived over a whole window of
+    `stall_seconds` (curl's --speed-limit/--speed-time); a read that gets no byte at all for that long is ended by the
+    socket's timeout instead."""
+    window = {"start": clock(), "bytes": 0}
+
+    def guarded(view):
+        count = fill(view)
+        window["bytes"] += count
+        now = clock()
+        if now - window["start"] >= stall_seconds:
+            if window["bytes"] < floor * stall_seconds:
+                raise TimeoutError("under %d bytes/s for %d s (%d bytes arrived)" % (floor, stall_seconds,
+                                                                                   window["bytes"]))
+            window["start"], window["bytes"] = now, 0
+        return count
+    return guarded
 
 
-def curl_command(url, offset, follow_redirects, connect_timeout=30, stall_seconds=120, output="-"):
-    """curl's argv for one ranged GET appended to `output`; the URL and any token come on stdin (see curl_config)."""
-    # --noproxy: offline by design, the only host contacted is the one in the URL (no proxy from the environment).
-    argv = ["curl", "--fail", "--silent", "--show-error", "--proto", "=http,https", "--noproxy", "*", "--location",
-            "--max-redirs", "5" if follow_redirects else "0", "--connect-timeout", str(connect_timeout),
-            "--speed-limit", "1024", "--speed-time", str(stall_seconds), "--output", output, "--config", "-"]
-    if follow_redirects:
-        # A redirect may not downgrade: from https only to https (the Hub's storage); a plain-http store stays http.
-        allowed = "=https" if url.startswith("https:") else "=http,https"
-        argv[argv.index("--location"):argv.index("--location")] = ["--proto-redir", allowed]
-    if offset:
-        argv += ["--continue-at", str(offset)]
-    return argv
+REDIRECTS = (301, 302, 303, 307, 308)
+MAX_REDIRECTS = 5
+
+
+class TransferError(SyncError):
+    """A transfer that broke where a retry may succeed (connection, timeout, an HTTP error answer); the run resumes
+    it from the partial's end. A plain SyncError (a refused redirect, a server that ignores ranges) is final."""
+
+
+def _origin(parts):
+    return parts.scheme, (parts.hostname or "").lower(), parts.port or (443 if parts.scheme == "https" else 80)
+
+
+def redirect_problem(first, target, follow_redirects):
+    """Why a redirect from the URL `first` to `target` is refused, or None (only http and https, never from https to
+    http, none at all unless the source allows them: the rules the curl transfer had with --proto-redir)."""
+    if not follow_redirects:
+        return "%s answered with a redirect to %s and this source does not follow redirects" % (first, target)
+    scheme = urlsplit(target).scheme
+    if scheme not in ("http", "https"):
+        return "%s redirected to %s: only http and https are fetched" % (first, target)
+    if urlsplit(first).scheme == "https" and scheme != "https":
+        return "%s redirected to %s: a redirect from https to http is refused" % (first, target)
+    return None
+
+
+def open_http(url, offset, token, follow_redirects, connect_timeout=30, stall_seconds=120):
+    """(connection, response) of a GET of `url` from byte `offset`, ready to read the body.
+
+    Redirects are followed (at most 5) under redirect_problem's rules; the bearer token goes only to the first URL's
+    origin, so a redirect to the Hub's storage (a signed URL that refuses an Authorization header) carries none,
+    as curl does. No proxy is used: the host in the URL is the only one contacted. A read that waits
+    `stall_seconds` for a byte fails (the transfer is resumed by the next attempt).
+    """
+    if CONTROL.search(url) or (token and CONTROL.search(token)):
+        raise SyncError("a control character (a line break?) in the URL or the token cannot go into an HTTP request; "
+                        "refused")
+    first, current = urlsplit(url), url
+    for _ in range(MAX_REDIRECTS + 1):
+        parts = urlsplit(current)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise SyncError("%s: only http:// and https:// URLs are fetched" % current)
+        if parts.scheme == "https":
+            conn = http.client.HTTPSConnection(parts.hostname, parts.port, timeout=connect_timeout,
+                                               context=ssl.create_default_context())
+        else:
+            conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=connect_timeout)
+        headers = {"Accept-Encoding": "identity", "User-Agent": "hybrid-moe-kit model_sync"}
+        if offset:
+            headers["Range"] = "bytes=%d-" % offset
+        if token and _origin(parts) == _origin(first):
+            headers["Authorization"] = "Bearer " + token
+        try:
+            conn.request("GET", (parts.path or "/") + ("?" + parts.query if parts.query else ""), headers=headers)
+            conn.sock.settimeout(stall_seconds)
+            response = conn.getresponse()
+        except (OSError, http.client.HTTPException) as exc:
+            conn.close()
+            raise TransferError("%s: %s" % (parts._replace(query="").geturl(), exc or type(exc).__name__))
+        where = parts._replace(query="").geturl()  # a signed storage URL's query is a credential: never in a message
+        if response.status in REDIRECTS:
+            target = urljoin(current, response.getheader("Location") or "")
+            conn.close()
+            problem = redirect_problem(where, urlsplit(target)._replace(query="").geturl(), follow_redirects)
+            if problem:
+                raise SyncError(problem)
+            current = target
+            continue
+        if response.status >= 400:
+            message = response.getheader("X-Error-Message") or response.reason
+            conn.close()
+            raise TransferError("%s: HTTP %d %s" % (where, response.status, message))
+        expected = 206 if offset else 200
+        if response.status != expected:
+            conn.close()
+            raise SyncError("%s answered HTTP %d to a request from byte %d (expected %d): it cannot resume this "
+                            "transfer" % (where, response.status, offset, expected))
+        if offset and not (response.getheader("Content-Range") or "").startswith("bytes %d-" % offset):
+            conn.close()
+            raise SyncError("%s sent Content-Range %r for a request from byte %d: refused"
+                            % (where, response.getheader("Content-Range"), offset))
+        return conn, response
+    raise SyncError("%s: more than %d redirects" % (url, MAX_REDIRECTS))
 
 
 def curl_config(url, token):
@@ -487,33 +580,32 @@ class Source:
         return self._rsync(relpath, partial)
 
     def _http(self, relpath, partial, size, digest):
-        received, attempt, last_error = 0, 0, ""
+        url, start, attempt = self.describe(relpath), _size_of(partial), 0
         while True:
             offset = _size_of(partial)
             if offset >= size:
-                return digest, received
-            # curl writes the body to a pipe; this side hashes each block as it arrives and appends it (append_hashed)
-            proc = subprocess.Popen(curl_command(self.describe(relpath), offset, self.follow_redirects,
-                                                 stall_seconds=self.stall_seconds),
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                return digest, offset - start
+            # received here: each piece is hashed in the buffer it arrived in and appended (append_hashed)
             try:
-                proc.stdin.write(curl_config(self.describe(relpath), self.token))
-                proc.stdin.close()
-                pipe = proc.stdout.fileno()
-                _widen_pipe(pipe)
-                got, _ = append_hashed(lambda view: os.readv(pipe, [view]), partial, digest)
-            except BaseException:
-                proc.kill()
-                proc.wait()
-                raise
-            received += got
-            error = proc.stderr.read().decode("utf-8", "replace").strip()
-            if proc.wait() == 0:
-                return digest, received
-            last_error = "curl exit %d: %s" % (proc.returncode, error)
+                conn, response = open_http(url, offset, self.token, self.follow_redirects,
+                                           stall_seconds=self.stall_seconds)
+                try:
+                    append_hashed(speed_guard(response.readinto, self.stall_seconds), partial, digest)
+                finally:
+                    conn.close()
+                # http.client ends a body the server cut short without an error; the announced length tells
+                if response.length:
+                    raise http.client.IncompleteRead(b"", response.length)
+                return digest, _size_of(partial) - start
+            except TransferError as exc:
+                last_error = str(exc)
+            except http.client.IncompleteRead as exc:
+                last_error = "%s: the connection closed with %d bytes of the answer still to come" % (url, exc.expected)
+            except (OSError, http.client.HTTPException) as exc:  # the connection broke or stalled mid-body
+                last_error = "%s: %s" % (url, exc or type(exc).__name__)
             if attempt >= self.retries:
-                raise SyncError("%s: %s (after %d attempts; %d bytes kept in %s, the next run resumes there)"
-                                % (self.describe(relpath), last_error, attempt + 1, _size_of(partial), partial))
+                raise SyncError("%s (after %d attempts; %d bytes kept in %s, the next run resumes there)"
+                                % (last_error, attempt + 1, _size_of(partial), partial))
             attempt += 1
             time.sleep(min(self.retry_delay * attempt, 60))
 

@@ -11,7 +11,7 @@ short_description: Fetch one model's files resumably, verify sha256 and GGUF met
 description:
   - Plans per file - already verified (size + mtime stamp, or a full re-hash), or missing bytes to fetch.
   - Fails before the first byte when the missing bytes plus the margin do not fit in the free space.
-  - Downloads into C(<staging_dir>/<model>/<name>.partial) with curl (HTTP/HTTPS, ranged resume) or rsync (SSH, --append-verify), or
+  - Downloads into C(<staging_dir>/<model>/<name>.partial) over HTTP/HTTPS (received in the module, ranged resume), with rsync (SSH, --append-verify), or
     copies from a local/NFS path; hashes the bytes while they stream, resumes a partial after hashing it.
   - With source_kind huggingface the files are the lock's (repo, commit, path, size, sha256) and come from the Hub's
     resolve/ URLs, redirects to its storage followed; before the first byte one HEAD per file checks that the token
@@ -65,7 +65,7 @@ options:
     type: str
     required: true
   http_token:
-    description: Bearer token for HTTP and the Hub; passed to curl on stdin, never on its command line.
+    description: Bearer token for HTTP and the Hub; sent only in the request header to the first URL's host (not after a redirect to another host), never on a command line.
     type: str
     no_log: true
   http_follow_redirects:

@@ -233,9 +233,12 @@ class Handler(BaseHTTPRequestHandler):
         return sent
 
     def client(self):
-        """Who asked: curl (a node's transfer) or huggingface_hub (the control machine), by User-Agent."""
+        """Who asked, by User-Agent: a node (curl for the HEAD before the first byte, model_sync's own receiver for the
+        GET) or huggingface_hub (the control machine)."""
         agent = self.headers.get("User-Agent", "")
-        return "curl" if agent.startswith("curl/") else "huggingface_hub" if "huggingface_hub" in agent else "other"
+        if agent.startswith("curl/") or agent.startswith("hybrid-moe-kit"):
+            return "node"
+        return "huggingface_hub" if "huggingface_hub" in agent else "other"
 
     # ---------------------------------------------------------------------------------------- the Hub host
 
