@@ -3,8 +3,8 @@
 the resumable, verified fetch. Pure Python 3 standard library, so the node needs no extra packages and
 the unit tests import it without Ansible.
 
-Transfers are done by curl (HTTP/HTTPS, ranged resume) and rsync (SSH, --append-verify); this module
-only orchestrates them, hashes the bytes while they stream into `<staging>/<model>/<name>.partial`,
+HTTP/HTTPS bodies are received here (http.client, ranged resume, redirects only where allowed); rsync (SSH,
+--append-verify) and local copies are the other transfers. This module hashes the bytes while they stream into `<staging>/<model>/<name>.partial`,
 validates the GGUF header, and publishes by atomic rename. Nothing is written outside the staging area,
 the models root, the stamps and the quarantine; a refused or failed transfer leaves its partial in
 staging, where the next run resumes it. A bad file never replaces a good one: it goes to quarantine.
