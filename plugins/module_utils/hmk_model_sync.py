@@ -365,8 +365,10 @@ def append_hashed(fill, partial, digest, direct=True, block=CHUNK):
 
     The bytes are hashed in the buffer they arrive in, piece by piece as each read returns (no read-back of the
     file), while a second thread writes the previous buffers, so receiving, hashing and writing overlap. The
-    partial is fsynced before this returns: the caller may publish it. A write error (a full disk) raises SyncError and is not retried; `digest` then covers
-    bytes the partial may lack, so the caller drops it and the next run hashes the partial afresh.
+    partial is fsynced before this returns: the caller may publish it. An exception from `fill` (a cut connection)
+    is raised again only after the bytes hashed before it are written and synced, so the partial and `digest` agree
+    and the caller may resume from them. A write error (a full disk) raises SyncError and is not retried; `digest`
+    then covers bytes the partial may lack, so the caller drops it and the next run hashes the partial afresh.
     Returns (bytes appended, the _Appender for its counters).
     """
     try:
