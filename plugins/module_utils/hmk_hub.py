@@ -8,7 +8,7 @@ catalog; `load_lock` / `dump_lock` read and write the lock. With a lock entry th
 asks the Hub again.
 
 Node side (hmk_model_fetch with source_kind huggingface): `node_files` turns locked files into resolve/ paths and
-`HubSource` is the http source (curl, resumable, hashed as it grows) that follows the Hub's redirect to its storage
+`HubSource` is the http source (received in-module, resumable, hashed as it arrives) that follows the Hub's redirect to its storage
 and, before its first byte, asks the Hub (HEAD, no redirect) whether the token is accepted and each file is still
 what the lock says (X-Repo-Commit, X-Linked-Size, X-Linked-Etag), so a bad token or a moved file stops the model
 before anything is written.
@@ -19,13 +19,12 @@ import fnmatch
 import hashlib
 import os
 import re
-import subprocess
 import tempfile
 import threading
 
 from urllib.parse import quote
 
-from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_model_sync import Source, SyncError, curl_config
+from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_model_sync import Source, SyncError, http_head
 
 __metaclass__ = type
 
@@ -319,14 +318,9 @@ class HubSource(Source):
         return super(HubSource, self).fetch(relpath, partial, size, digest)
 
     def head(self, relpath):
-        """(status, {header: value}) of a HEAD without following redirects; the token goes to curl on stdin."""
-        url = self.describe(relpath)
-        argv = ["curl", "--silent", "--show-error", "--head", "--proto", "=http,https", "--noproxy", "*",
-                "--max-redirs", "0", "--connect-timeout", "30", "--max-time", "120", "--config", "-"]
-        proc = subprocess.run(argv, input=curl_config(url, self.token), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        if proc.returncode != 0:
-            raise SyncError("%s: curl exit %d: %s" % (url, proc.returncode, proc.stderr.decode("utf-8", "replace").strip()))
-        return parse_head(proc.stdout.decode("iso-8859-1"))
+        """(status, {lower-cased header: value}) of a HEAD without following redirects (with the module's own HTTP
+        client: the token reaches no command line)."""
+        return http_head(self.describe(relpath), self.token, stall_seconds=self.stall_seconds)
 
     def preflight(self):
         """None when every file answers as locked, else the sentence to fail the model with."""
@@ -354,19 +348,6 @@ class HubSource(Source):
                 return ("the Hub says %s has sha256 %s at commit %s, the lock says %s; nothing was fetched"
                         % (where, etag, commit, item["sha256"]))
         return ""
-
-
-def parse_head(text):
-    """(status, lower-cased headers) of the last response in curl --head output."""
-    status, headers = None, {}
-    for line in text.splitlines():
-        match = re.match(r"^HTTP/[\d.]+ (\d{3})", line)
-        if match:
-            status, headers = int(match.group(1)), {}
-        elif ":" in line:
-            name, value = line.split(":", 1)
-            headers[name.strip().lower()] = value.strip()
-    return status, headers
 
 
 def hub_source(endpoint, files, token=None, **kw):

@@ -480,40 +480,61 @@ def redirect_problem(first, target, follow_redirects):
     return None
 
 
-def open_http(url, offset, token, follow_redirects, connect_timeout=30, stall_seconds=120):
-    """(connection, response) of a GET of `url` from byte `offset`, ready to read the body.
+def _send(method, url, first, offset, token, connect_timeout, stall_seconds):
+    """(connection, response, the URL without its query) of one request, no redirect followed.
 
-    Redirects are followed (at most 5) under redirect_problem's rules; the bearer token goes only to the first URL's
-    origin, so a redirect to the Hub's storage (a signed URL that refuses an Authorization header) carries none,
-    as curl does. No proxy is used: the host in the URL is the only one contacted. A read that waits
-    `stall_seconds` for a byte fails (the transfer is resumed by the next attempt).
+    The bearer token goes only to the origin of the URL `first` (the one asked for before any redirect), so a
+    redirect to the Hub's storage (a signed URL that refuses an Authorization header) carries none, as curl does.
+    No proxy is used: the host in the URL is the only one contacted. A read that waits `stall_seconds` for a byte
+    fails.
     """
     if CONTROL.search(url) or (token and CONTROL.search(token)):
         raise SyncError("a control character (a line break?) in the URL or the token cannot go into an HTTP request; "
                         "refused")
-    first, current = urlsplit(url), url
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise SyncError("%s: only http:// and https:// URLs are fetched" % url)
+    if parts.scheme == "https":
+        conn = http.client.HTTPSConnection(parts.hostname, parts.port, timeout=connect_timeout,
+                                           context=ssl.create_default_context())
+    else:
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=connect_timeout)
+    headers = {"Accept-Encoding": "identity", "User-Agent": "hybrid-moe-kit model_sync"}
+    if offset:
+        headers["Range"] = "bytes=%d-" % offset
+    if token and _origin(parts) == _origin(urlsplit(first)):
+        headers["Authorization"] = "Bearer " + token
+    where = parts._replace(query="").geturl()  # a signed storage URL's query is a credential: never in a message
+    try:
+        conn.request(method, (parts.path or "/") + ("?" + parts.query if parts.query else ""), headers=headers)
+        conn.sock.settimeout(stall_seconds)
+        response = conn.getresponse()
+    except (OSError, http.client.HTTPException) as exc:
+        conn.close()
+        raise TransferError("%s: %s" % (where, exc or type(exc).__name__))
+    return conn, response, where
+
+
+def http_head(url, token, connect_timeout=30, stall_seconds=120):
+    """(status, {lower-cased header name: value}) of a HEAD of `url`; a redirect is returned, not followed. The
+    token goes as open_http sends it."""
+    conn, response, _ = _send("HEAD", url, url, 0, token, connect_timeout, stall_seconds)
+    try:
+        response.read()
+        return response.status, {name.lower(): value.strip() for name, value in response.getheaders()}
+    finally:
+        conn.close()
+
+
+def open_http(url, offset, token, follow_redirects, connect_timeout=30, stall_seconds=120):
+    """(connection, response) of a GET of `url` from byte `offset`, ready to read the body.
+
+    Redirects are followed (at most 5) under redirect_problem's rules; the token, the proxy and the stall are
+    handled as _send says (the transfer is resumed by the next attempt after a stall).
+    """
+    current = url
     for _ in range(MAX_REDIRECTS + 1):
-        parts = urlsplit(current)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise SyncError("%s: only http:// and https:// URLs are fetched" % current)
-        if parts.scheme == "https":
-            conn = http.client.HTTPSConnection(parts.hostname, parts.port, timeout=connect_timeout,
-                                               context=ssl.create_default_context())
-        else:
-            conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=connect_timeout)
-        headers = {"Accept-Encoding": "identity", "User-Agent": "hybrid-moe-kit model_sync"}
-        if offset:
-            headers["Range"] = "bytes=%d-" % offset
-        if token and _origin(parts) == _origin(first):
-            headers["Authorization"] = "Bearer " + token
-        try:
-            conn.request("GET", (parts.path or "/") + ("?" + parts.query if parts.query else ""), headers=headers)
-            conn.sock.settimeout(stall_seconds)
-            response = conn.getresponse()
-        except (OSError, http.client.HTTPException) as exc:
-            conn.close()
-            raise TransferError("%s: %s" % (parts._replace(query="").geturl(), exc or type(exc).__name__))
-        where = parts._replace(query="").geturl()  # a signed storage URL's query is a credential: never in a message
+        conn, response, where = _send("GET", current, url, offset, token, connect_timeout, stall_seconds)
         if response.status in REDIRECTS:
             target = urljoin(current, response.getheader("Location") or "")
             conn.close()
@@ -539,26 +560,8 @@ def open_http(url, offset, token, follow_redirects, connect_timeout=30, stall_se
     raise SyncError("%s: more than %d redirects" % (url, MAX_REDIRECTS))
 
 
-def curl_config(url, token):
-    """A curl config read from stdin: keeps the bearer token out of the process list.
-
-    Each value is one double-quoted string in curl's config syntax (backslash and quote escaped). A line
-    break or other control character cannot be quoted safely (curl reads `\\n` in a quoted value as a
-    newline, which would end a header), so it is refused: the roles refuse it earlier, with the variable named.
-    """
-    def quote(value):
-        if CONTROL.search(value):
-            raise SyncError("a control character (a line break?) in the URL or the token cannot go into curl's "
-                            "configuration; refused")
-        return '"%s"' % value.replace("\\", "\\\\").replace('"', '\\"')
-    lines = ["url = %s" % quote(url)]
-    if token:
-        lines.append("header = %s" % quote("Authorization: Bearer " + token))
-    return ("\n".join(lines) + "\n").encode()
-
-
 class Source:
-    """Where the bytes come from: http (curl), rsync (rsync over SSH) or local (a path, e.g. NFS)."""
+    """Where the bytes come from: http (received here with http.client), rsync (rsync over SSH) or local (a path, e.g. NFS)."""
 
     def __init__(self, kind, location, token=None, follow_redirects=False, ssh_options=None, retries=3,
                  retry_delay=5.0, stall_seconds=120):

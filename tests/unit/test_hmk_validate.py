@@ -327,19 +327,6 @@ def test_slot_reporting_is_always_off_and_cannot_be_switched_back_on():
 
 # --------------------------------------------------------------------------- config files take one line
 
-@pytest.mark.parametrize("value", CONTROL)
-def test_the_curl_config_refuses_line_breaks_and_control_characters(value):
-    with pytest.raises(sync.SyncError):
-        sync.curl_config("http://store/" + value, None)
-    with pytest.raises(sync.SyncError):
-        sync.curl_config("http://store/x", "tok" + value)
-
-
-def test_the_curl_config_escapes_what_it_quotes():
-    config = sync.curl_config('http://store/a"b\\c', 'to"k\\en').decode()
-    assert config == 'url = "http://store/a\\"b\\\\c"\nheader = "Authorization: Bearer to\\"k\\\\en"\n'
-
-
 @pytest.mark.parametrize("value", ["a\nb", "a\rb", "a\x00b"])
 def test_unit_words_and_argument_files_refuse_line_breaks(value):
     with pytest.raises(svc.AnsibleFilterError):

@@ -338,6 +338,14 @@ class _Recorder(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(self.BODY[start:])
 
+    def do_HEAD(self):
+        self.server.seen.append(("HEAD " + self.path, self.headers.get("Authorization")))
+        self.send_response(302)
+        self.send_header("Location", self.server.target)
+        self.send_header("X-Linked-Size", str(len(self.BODY)))
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
     def log_message(self, *args):
         pass
 
@@ -378,6 +386,25 @@ def test_a_redirect_is_refused_where_the_source_does_not_follow_them(origins, tm
         source.fetch("a", str(tmp_path / "y.partial"), len(_Recorder.BODY), hashlib.sha256())
     assert "secret-signature" not in str(failed.value)  # a signed URL's query is a credential
     assert len(first.seen) == 1 and second.seen == []  # refused at once, not retried
+
+
+def test_a_head_returns_the_redirect_unfollowed_with_lower_cased_headers_and_the_token(origins):
+    first, second = origins
+    status, headers = hmk.http_head("http://127.0.0.1:%d/a" % first.server_address[1], "s3cret")
+    assert status == 302 and headers["location"] == first.target and headers["x-linked-size"] == str(len(_Recorder.BODY))
+    assert first.seen == [("HEAD /a", "Bearer s3cret")] and second.seen == []
+
+
+@pytest.mark.parametrize("value", ["\n", "\r", "\x00", "\x1b", "\x7f", "\x85", "\u2028"])
+def test_a_request_with_a_control_character_in_the_url_or_the_token_is_refused_before_connecting(origins, value):
+    first, _ = origins
+    url = "http://127.0.0.1:%d/" % first.server_address[1]
+    for call in (lambda: hmk.http_head(url + "a" + value, None), lambda: hmk.http_head(url + "a", "tok" + value),
+                 lambda: hmk.open_http(url + "b" + value, 0, None, False),
+                 lambda: hmk.open_http(url + "b", 0, "tok" + value, False)):
+        with pytest.raises(hmk.SyncError, match="control character"):
+            call()
+    assert first.seen == []
 
 
 def test_a_server_that_ignores_the_range_is_refused_and_not_retried(origins, tmp_path):

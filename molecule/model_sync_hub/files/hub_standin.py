@@ -233,10 +233,10 @@ class Handler(BaseHTTPRequestHandler):
         return sent
 
     def client(self):
-        """Who asked, by User-Agent: a node (curl for the HEAD before the first byte, model_sync's own receiver for the
+        """Who asked, by User-Agent: a node (model_sync's own HTTP client, for the HEAD before the first byte and the
         GET) or huggingface_hub (the control machine)."""
         agent = self.headers.get("User-Agent", "")
-        if agent.startswith("curl/") or agent.startswith("hybrid-moe-kit"):
+        if agent.startswith("hybrid-moe-kit"):
             return "node"
         return "huggingface_hub" if "huggingface_hub" in agent else "other"
 
