@@ -76,12 +76,21 @@ def _read(path, mode="r"):
 
 
 def process_start(pid):
-    """Start time of a process in seconds since the epoch (/proc/PID/stat starttime + boot time)."""
+    """Start time of a process in seconds since the epoch, to a clock tick.
+
+    /proc/PID/stat's starttime counts clock ticks since boot on CLOCK_BOOTTIME; the process has run for the
+    current CLOCK_BOOTTIME less that, so its start is that long before now on the wall clock. (/proc/stat's btime
+    is whole seconds: btime + starttime put the start up to a second early, and a file written in the second
+    before the restart read as changed after it, so a converged re-run restarted the engine again.) The error left
+    is under a tick plus the microseconds between the two clock reads, and places the start earlier, never later
+    (the wall clock is read first): a file changed after the start is never missed.
+    """
     stat = _read("/proc/%d/stat" % pid)
     fields = stat[stat.rindex(")") + 2:].split()
     ticks = int(fields[19])
-    boot = next(int(line.split()[1]) for line in _read("/proc/stat").splitlines() if line.startswith("btime "))
-    return boot + float(ticks) / os.sysconf("SC_CLK_TCK")
+    now = time.time()
+    running_for = time.clock_gettime(time.CLOCK_BOOTTIME) - float(ticks) / os.sysconf("SC_CLK_TCK")
+    return now - running_for
 
 
 def argv_difference(wanted, running):

@@ -7,6 +7,8 @@ import importlib.util
 import json
 import os
 import pwd
+import subprocess
+import time
 import grp
 from collections import namedtuple
 from pathlib import Path
@@ -293,6 +295,26 @@ def test_drift_is_judged_from_the_process_not_the_records():
     assert any("/etc/hmk/a.args changed after the engine started" == d for d in drift)
     assert any("/srv/x.gguf is missing" == d for d in drift)
     assert any("builds/old" in d and "builds/new" in d for d in drift)
+
+
+def test_a_process_start_is_placed_to_the_tick_so_a_file_written_just_before_it_is_no_drift(tmp_path):
+    # The start was once /proc/stat's btime (whole seconds) + starttime: up to a second early, so a file written in
+    # the second before a restart read as changed after it and a converged re-run restarted the engine (CI).
+    written = tmp_path / "a.args"
+    written.write_text("-np 2\n")
+    mtime = written.stat().st_mtime
+    time.sleep(0.05)
+    before = time.time()
+    proc = subprocess.Popen(["sleep", "30"])
+    after = time.time()
+    try:
+        started = state.process_start(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+    tick = 1.0 / os.sysconf("SC_CLK_TCK")
+    assert before - tick - 0.005 <= started <= after, (before, started, after)
+    assert state.judge([], [], started, {str(written): mtime}) == []
 
 
 def test_the_gate_fails_early_on_a_failed_or_restarting_unit():
