@@ -264,6 +264,64 @@ def test_the_lock_round_trips_and_reports_every_disagreement_with_the_catalog(hu
     assert hmk_hub.lock_problems(DS, changed(DS, revision=branch["sources"][0]["commit"]), branch) == []
 
 
+def test_the_lock_and_the_catalog_are_compared_file_by_file_and_field_by_field(hub):
+    locked = hmk_hub.resolve_model(QWEN, entry(QWEN), hub.url, TOKEN)
+    first, second, third = (f["name"] for f in locked["files"])
+    tampered = json.loads(json.dumps(locked))
+    tampered["files"][0]["repo"] = "hmk-lab/elsewhere"
+    tampered["files"][1]["commit"] = "2" * 40
+    tampered["files"][2]["path"] = "Q4/" + third
+    tampered["sources"][0]["commit"] = "3" * 40  # the catalog pins a commit: the lock must pin that one
+    problems = hmk_hub.lock_problems(QWEN, entry(QWEN), tampered)
+    pinned = entry(QWEN)["huggingface"]["revision"]
+    assert "%s: %s has repo hmk-lab/elsewhere in the lock, the catalog says %s" % (
+        QWEN, first, entry(QWEN)["huggingface"]["repo"]) in problems
+    assert "%s: %s has commit %s in the lock, the catalog says %s" % (QWEN, second, "2" * 40, pinned) in problems
+    assert "%s: %s has path Q4/%s in the lock, the catalog says Q8_0/%s" % (QWEN, third, third, third) in problems
+    assert "%s: the lock pins files at commit %s, the catalog pins commit %s" % (QWEN, "3" * 40, pinned) in problems
+    # a branch: each file's commit must be the commit the lock resolved the branch to
+    branch = hmk_hub.resolve_model(DS, entry(DS), hub.url, TOKEN)
+    moved = json.loads(json.dumps(branch))
+    moved["files"][0]["commit"] = "4" * 40
+    assert hmk_hub.lock_problems(DS, entry(DS), moved) == [
+        "%s: %s has commit %s in the lock, the catalog says %s" % (DS, moved["files"][0]["name"], "4" * 40,
+                                                                   branch["sources"][0]["commit"])]
+
+
+def _break(path, value):
+    def apply(locked):
+        target = locked
+        for key in path[:-1]:
+            target = target[key]
+        if value is KeyError:
+            del target[path[-1]]
+        else:
+            target[path[-1]] = value
+        return locked
+    return apply
+
+
+@pytest.mark.parametrize("damage, expected", [
+    (_break(["files", 0, "sha256"], KeyError), "has no sha256"),
+    (_break(["files", 0, "size"], "1024"), "has size '1024', it must be a size in bytes"),
+    (_break(["files", 0, "size"], -5), "has size -5, it must be a size in bytes"),
+    (_break(["files", 0, "size"], True), "has size True, it must be a size in bytes"),
+    (_break(["files", 0, "sha256"], "not-a-hash"), "has sha256 'not-a-hash', it must be a sha256"),
+    (_break(["files", 1, "commit"], 12345), "has commit 12345, it must be a commit id"),
+    (_break(["files", 1, "path"], "../../etc/passwd"), "has path '../../etc/passwd', it must be a relative path"),
+    (_break(["files", 1], "a string"), "files[1] is 'a string', not a mapping"),
+    (_break(["files"], {"a": 1}), "files is {'a': 1}, not a list of files"),
+    (_break(["sources"], None), "sources is None, not a list"),
+    (_break(["sources", 0, "commit"], KeyError), "sources[0] has no commit"),
+    (_break(["sources", 0], ["x"]), "sources[0] is ['x'], not a mapping"),
+    (lambda locked: "just a string", "it is str, not a mapping"),
+])
+def test_a_malformed_lock_entry_is_refused_by_name_not_with_a_traceback(hub, damage, expected):
+    locked = damage(hmk_hub.resolve_model(QWEN, entry(QWEN), hub.url, TOKEN))
+    problems = hmk_hub.lock_problems(QWEN, entry(QWEN), locked)
+    assert any(p.startswith("%s: the lock entry is malformed:" % QWEN) and expected in p for p in problems), problems
+
+
 @pytest.mark.parametrize("text", ["", "version: 2\nmodels: {}\n", "- a\n- b\n", "models: [\n"])
 def test_a_lock_that_is_not_a_lock_is_refused(tmp_path, text):
     path = tmp_path / "models.lock.yml"
