@@ -2,6 +2,7 @@
 arithmetic, and the resumable, verified fetch run for real (curl against a ranged HTTP server on 127.0.0.1,
 a local source, rsync when installed)."""
 import hashlib
+import json
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import os
 import shutil
@@ -14,6 +15,7 @@ import pytest
 from gguf import GGUFReader
 
 from ansible_collections.hmk.moe_kit.plugins.module_utils import hmk_gguf
+from ansible_collections.hmk.moe_kit.plugins.module_utils import hmk_model_integrity as integrity
 from conftest_model_sync import RangedServer, catalog, generate, load_module_utils
 
 hmk = load_module_utils()
@@ -657,3 +659,42 @@ def test_quarantine_keeps_one_copy_per_file_across_runs(store, tmp_path):
         result = syncer(tmp_path, http(server), files=files).run()
     assert len(result["errors"]) == 1 and len(result["quarantined"]) == 1
     assert sorted(os.listdir(str(earlier.parent))) == sorted([os.path.basename(result["quarantined"][0]), "notes.txt"])
+
+
+def _publish(root, data):
+    """What model_sync does when a model update lands: the verified file renamed over the old one, then its stamp."""
+    final, stamp = root / "m" / "x.gguf", root / ".hmk-sync" / "m" / "x.gguf.json"
+    fresh = root / ".staging-x"
+    fresh.write_bytes(data)
+    os.replace(str(fresh), str(final))
+    stat = os.stat(str(final))
+    stamp.write_text(json.dumps({"sha256": hashlib.sha256(data).hexdigest(), "size": stat.st_size,
+                                 "mtime_ns": stat.st_mtime_ns}))
+
+
+@pytest.mark.parametrize("when", ["before hashing", "between hashing and judging"])
+def test_a_model_update_landing_during_the_rehash_is_not_quarantined(tmp_path, monkeypatch, when):
+    root = tmp_path / "models"
+    (root / "m").mkdir(parents=True)
+    (root / ".hmk-sync" / "m").mkdir(parents=True)
+    _publish(root, b"old" * 1000)
+    new = b"new version" * 2000
+    hash_file = integrity._sha256
+
+    def racing(path):  # the sync publishes while the timer reads
+        if when == "before hashing":
+            _publish(root, new)
+            return hash_file(path)
+        hashed = hash_file(path)
+        _publish(root, new)
+        return hashed
+    monkeypatch.setattr(integrity, "_sha256", racing)
+    record = integrity.rehash(str(root), str(root / ".hmk-sync"), str(root / ".quarantine"))
+    assert record["ok"] and record["mismatches"] == [], record
+    assert (root / "m" / "x.gguf").read_bytes() == new
+    assert json.loads((root / ".hmk-sync" / "m" / "x.gguf.json").read_text())["sha256"] == hashlib.sha256(new).hexdigest()
+    assert not (root / ".quarantine").exists()
+    assert [c["file"] for c in record["changed_during_rehash"]] == ([] if when == "before hashing" else ["x.gguf"])
+    monkeypatch.setattr(integrity, "_sha256", hash_file)
+    again = integrity.rehash(str(root), str(root / ".hmk-sync"), str(root / ".quarantine"))
+    assert again["ok"] and again["files_checked"] == 1 and again["changed_during_rehash"] == []
