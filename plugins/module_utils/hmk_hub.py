@@ -435,7 +435,7 @@ class HubSource(Source):
             if commit != item["commit"]:
                 return ("the Hub serves %s from commit %s, the lock says %s; nothing was fetched"
                         % (where, commit, item["commit"]))
-            if size is not None and int(size) != item["size"]:
+            if size is not None and (not size.isdigit() or int(size) != item["size"]):
                 return ("the Hub says %s is %s bytes at commit %s, the lock says %d; nothing was fetched"
                         % (where, size, commit, item["size"]))
             if SHA256_RE.match(etag) and etag != item["sha256"]:

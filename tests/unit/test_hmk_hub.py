@@ -544,8 +544,15 @@ def test_the_peer_drops_an_idle_and_a_slow_client_after_its_timeout(bounded_peer
 def test_the_peer_serves_its_connection_limit_and_answers_503_beyond_it(bounded_peer):
     url, _ = bounded_peer
     port = int(url.rsplit(":", 1)[1])
-    held = [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]
-    time.sleep(0.3)
+    held = []
+    deadline = time.monotonic() + 10
+    while len(held) < 2 and time.monotonic() < deadline:  # a slot may still be taken by wait_port's probe for a moment
+        sock = socket.create_connection(("127.0.0.1", port))
+        if _closed_within(sock, 0.5):
+            sock.close()
+        else:
+            held.append(sock)
+    assert len(held) == 2
     refused = [raw_get(url, "/%s/a.bin" % QWEN) for _ in range(5)]
     assert [r[0] for r in refused] == [503] * 5 and refused[0][1]["Retry-After"] == "5"
     for sock in held:
