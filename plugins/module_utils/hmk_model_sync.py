@@ -674,9 +674,15 @@ class Source:
         try:
             with open(source, "rb", buffering=0) as reader:
                 reader.seek(offset)
-                received, _ = append_hashed(reader.readinto, partial, digest)
+                fill = capped(reader.readinto, max(size - offset, 0))
+                received, _ = append_hashed(fill, partial, digest)
+                longer = fill.left == 0 and bool(reader.read(1))
         except (IOError, OSError) as exc:
             raise SyncError("%s: %s (%d bytes kept in %s)" % (source, exc, _size_of(partial), partial))
+        if longer:
+            os.unlink(partial)
+            raise OversizeError("oversize refused: %s is longer than the file's %d bytes (lock/catalog); the bytes "
+                                "copied from it were discarded and nothing was kept" % (source, size))
         return digest, received
 
     def _rsync(self, relpath, partial):

@@ -698,3 +698,15 @@ def test_a_model_update_landing_during_the_rehash_is_not_quarantined(tmp_path, m
     monkeypatch.setattr(integrity, "_sha256", hash_file)
     again = integrity.rehash(str(root), str(root / ".hmk-sync"), str(root / ".quarantine"))
     assert again["ok"] and again["files_checked"] == 1 and again["changed_during_rehash"] == []
+
+
+def test_a_local_source_file_longer_than_its_size_is_refused_and_nothing_is_kept(tmp_path):
+    data = os.urandom(4096)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "x.bin").write_bytes(data * 64)
+    item = {"name": "x.bin", "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    source = hmk.Source("local", str(tmp_path / "src"))
+    result = hmk.Syncer(MODEL, str(tmp_path / "d" / MODEL), str(tmp_path / "d" / ".s"), str(tmp_path / "d" / ".q"),
+                        [item], source).run()
+    assert len(result["errors"]) == 1 and "oversize refused" in result["errors"][0] and result["quarantined"] == []
+    assert result["bytes_received"] <= len(data) and _tree_bytes(tmp_path / "d") == 0
