@@ -9,10 +9,9 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-import ipaddress
-
 from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_model_sync import validate_catalog
-from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_validate import check_all, check_profile, proc_sys_path, sysctl_key_refusals
+from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_validate import (check_all, check_profile, loopback_address, proc_sys_path,
+                                                                           sysctl_key_refusals)
 
 
 def hmk_validate(specs):
@@ -46,11 +45,9 @@ def hmk_validate_sysctl_keys(keys, var, present_paths):
 
 
 def hmk_is_loopback(host):
-    """Whether an address is loopback (127.0.0.0/8, ::1); anything unparsable counts as not loopback."""
-    try:
-        return ipaddress.ip_address(str(host)).is_loopback
-    except ValueError:
-        return False
+    """Whether an address is loopback (127.0.0.0/8, ::1); anything unparsable, a name, or an address with a zone ID
+    (::1%eth0) counts as not loopback."""
+    return loopback_address(host)
 
 
 class FilterModule(object):
