@@ -12,6 +12,8 @@ Pure Python 3 standard library: the filter, the modules and the unit tests impor
 """
 from __future__ import absolute_import, division, print_function
 
+import functools
+import inspect
 import ipaddress
 import json
 import math
@@ -698,6 +700,55 @@ def check_profile(profile, var="hmk_hardware", complete=False):
         elif not gpus.get("model"):
             out.append(refusal(var + ".gpus", gpus, "gpus.arch (e.g. \"89\") or gpus.model when gpus.count > 0"))
     return out + check_all(specs)
+
+
+# ------------------------------------------------------------------------------------------ filters
+
+SECRET_NAME = re.compile(r"(^|_)(api_?key|token|secret|password|passwd|credentials?)($|_)", re.IGNORECASE)
+# What Python raises when a filter is handed the wrong type or shape (a list where a string belongs, None, a dict
+# without the key it reads, a number too large to convert).
+WRONG_INPUT = (TypeError, AttributeError, KeyError, ValueError, IndexError, OverflowError, ZeroDivisionError,
+               RecursionError)
+
+
+def describe(name, value):
+    """A filter argument as a refusal shows it: a dict by its keys, a list by its length, a secret by its length."""
+    if isinstance(value, str) and SECRET_NAME.search(name):
+        return show(value, secret=True)
+    if isinstance(value, dict):
+        return "a dict with keys %s" % show(sorted(str(k) for k in value)[:12], limit=100)
+    if isinstance(value, (list, tuple)):
+        return "a list of %d item(s)" % len(value)
+    return show(value, limit=80)
+
+
+def guard_filters(filters, error, prefix="hmk.moe_kit."):
+    """The filters of a FilterModule, each turning the Python exception a wrong-typed argument causes into `error`
+    (AnsibleFilterError) with a sentence that names the filter and each argument (name and value), never a traceback.
+
+    The filters' own refusals (already `error`) and Ansible's (undefined variables) pass through unchanged.
+    """
+    def wrap(name, function):
+        try:
+            params = [p.name for p in inspect.signature(function).parameters.values()
+                      if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        except (TypeError, ValueError):
+            params = []
+
+        @functools.wraps(function)
+        def guarded(*args, **kwargs):
+            try:
+                return function(*args, **kwargs)
+            except WRONG_INPUT as exc:
+                if isinstance(exc, error) or type(exc).__module__ != "builtins":
+                    raise
+                named = [(params[i] if i < len(params) else "argument %d" % (i + 1), arg) for i, arg in enumerate(args)]
+                named += sorted(kwargs.items())
+                raise error("%s%s refused its input (%s: %s): %s" % (
+                    prefix, name, type(exc).__name__, show(str(exc), limit=160)[1:-1],
+                    "; ".join("%s = %s" % (n, describe(n, v)) for n, v in named)))
+        return guarded
+    return dict((name, wrap(name, function)) for name, function in filters.items())
 
 
 # ---------------------------------------------------------------------------------- on the node itself
