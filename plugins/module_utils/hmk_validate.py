@@ -374,19 +374,18 @@ def rule_choice(value, choices=(), **_):
 def rule_ip(value, **_):
     if not isinstance(value, str):
         return "an IP address"
+    # Python's parser takes anything after % as the zone (newlines, quotes, $(...), spaces) and still calls ::1%x
+    # loopback; the address goes into unit files and command lines, and loopback drops the API key requirement.
+    zone = value.partition("%")[2] if "%" in value else None
+    if zone is not None and not ZONE_ID.fullmatch(zone):
+        return ("an IPv6 address whose zone ID (after %%) is an interface name or index: letters, digits and _ . -, "
+                "at most 15 characters (not %s)" % show(zone))
     try:
         address = ipaddress.ip_address(value)
     except ValueError:
         return "an IPv4 or IPv6 address (like 127.0.0.1 or ::1; host names are not resolved here)"
-    # Python's parser takes anything after % as the zone (newlines, quotes, $(...), spaces) and still calls ::1%x
-    # loopback; the address goes into unit files and command lines, and loopback drops the API key requirement.
-    zone = getattr(address, "scope_id", None)
-    if zone is not None:
-        if not ZONE_ID.fullmatch(zone):
-            return ("an IPv6 address whose zone ID (after %%) is an interface name or index: letters, digits and _ . -, "
-                    "at most 15 characters (not %s)" % show(zone))
-        if not address.is_link_local:
-            return "an IPv6 address with a zone ID (%%%s) only when it is link-local (fe80::/10)" % zone
+    if zone is not None and not address.is_link_local:
+        return "an IPv6 address with a zone ID (%%%s) only when it is link-local (fe80::/10)" % zone
     return None
 
 
