@@ -530,9 +530,18 @@ def rule_calendar(value, **_):
     return "a systemd calendar expression on one line, like weekly or Sun *-*-* 03:00"
 
 
+def _as_text(item):
+    """str() of a value, with None as empty and an integer too long to print as ?."""
+    if item is None:
+        return ""
+    if _is_int(item) and item.bit_length() > 64:  # str() refuses integers of more than 4300 digits
+        return "?"
+    return str(item)
+
+
 def rule_gpu_arch(value, **_):
     items = [part for item in (value if isinstance(value, (list, tuple)) else [value])
-             for part in re.split(r"[;,\s]+", str(item if item is not None else "")) if part]
+             for part in re.split(r"[;,\s]+", _as_text(item)) if part]
     unknown = [i for i in items if i not in GPU_ARCHS]
     if unknown or not items:
         return "compute capabilities the kit knows (%s: 89 RTX 4090, 120 RTX 5090, 90 H100/H200)" % ", ".join(GPU_ARCHS)
@@ -609,8 +618,10 @@ def _check_sysctl(var, value, string_keys):
         if problem:
             out.append(refusal(name + " key", key, problem))
             continue
-        if key in string_keys:
-            problem = rule_text(item if isinstance(item, str) else str(item), allow_empty=False)
+        if _is_int(item) and item.bit_length() > 64:
+            problem = "an integer the kernel can hold (64 bits)"
+        elif key in string_keys:
+            problem = rule_text(item if isinstance(item, str) else _as_text(item), allow_empty=False)
         elif _is_int(item):
             problem = None
         elif not isinstance(item, str) or not INT_LIST.fullmatch(item):
