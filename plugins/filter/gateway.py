@@ -13,6 +13,7 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import hashlib
+import ipaddress
 import re
 
 try:
@@ -39,10 +40,24 @@ def _get(node, key, default=None):
     return default if value is None else value
 
 
-def gateway_servers(nodes, names):
+def _loopback(address):
+    """Whether an address is loopback (127.0.0.0/8, ::1, or the name localhost)."""
+    if address.lower().rstrip(".") in ("localhost", "localhost.localdomain", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def gateway_servers(nodes, names, gateway=None, shared_loopback=False):
     """Backend servers for HAProxy, one per node, in inventory order.
 
     nodes: each node's variables (hostvars[name]), names: the inventory names in the same order.
+    gateway: the inventory name of the gateway host; shared_loopback: the nodes share the gateway's loopback (one
+    network namespace: a lab's twins on loopback addresses). A node whose address is loopback is refused unless it is
+    the gateway host itself or shared_loopback is set: on another machine, the gateway would balance to its own
+    loopback and hand prompts and the node key to whatever listens there.
     address: gateway_node_address, else the address the service binds (inference_service_host) unless it is a
     wildcard, else ansible_host, else the name. port: gateway_node_port, else inference_service_port, else 8080.
     slots (HAProxy maxconn per server): gateway_node_slots, else inference_service_parallel when set, else the
@@ -65,6 +80,16 @@ def gateway_servers(nodes, names):
         address = str(address)
         if not address or any(c in address for c in " \t\n#"):
             _fail("%s: gateway_node_address %r is not an address" % (name, address))
+        if _loopback(address) and name != gateway and not shared_loopback:
+            source = "gateway_node_address" if _get(node, "gateway_node_address") is not None else \
+                "inference_service_host"
+            _fail("%s serves on %s (%s), a loopback address: the gateway %s would reach its own loopback, not %s. "
+                  "Set inference_service_host on %s to the node's own address that the gateway reaches, with "
+                  "inference_service_allowed_networks: [<the gateway's address>/32] so that only the gateway may "
+                  "reach it (KTransformers too: it then carries no key and relies on that allow-list); or, when the "
+                  "nodes share the gateway's loopback (one machine or network namespace), set "
+                  "gateway_nodes_share_loopback: true" % (name, address, source, gateway or "(another host)", name,
+                                                          name))
         port = _get(node, "gateway_node_port", _get(node, "inference_service_port", 8080))
         try:
             port = int(port)
