@@ -4,7 +4,8 @@
 - gateway_servers: one backend server per serving node of the group, from the node's own inventory (the address
   and port its service listens on, its parallel slots), checked before anything is written;
 - gateway_backend_key: the one API key the nodes share, which the gateway adds to every request it forwards;
-- gateway_client_map / gateway_limit_map: the client keys, stored only as sha256, and each client's request rate.
+- gateway_client_map / gateway_limit_map / gateway_concurrency_map: the client keys, stored only as sha256, each
+  client's request rate and how many of its requests may be in progress at once.
 
 tests/unit/test_gateway.py imports this file directly.
 """
@@ -147,8 +148,20 @@ def _client_hash(client):
     return digest
 
 
-def gateway_clients_checked(clients, default_rate):
-    """Checks the client list; returns [{name, sha256, requests_per_minute}] in order."""
+def _positive(name, field, value):
+    if isinstance(value, bool):
+        _fail("gateway client %s: %s %r is not a number" % (name, field, value))
+    try:
+        value = int(value)
+    except (TypeError, ValueError):
+        _fail("gateway client %s: %s %r is not a number" % (name, field, value))
+    if value < 1:
+        _fail("gateway client %s: %s must be at least 1" % (name, field))
+    return value
+
+
+def gateway_clients_checked(clients, default_rate, default_concurrency=16):
+    """Checks the client list; returns [{name, sha256, requests_per_minute, concurrent_requests}] in order."""
     if not clients:
         _fail("gateway_clients is empty: no client could use the gateway")
     out, names, hashes = [], set(), set()
@@ -163,16 +176,11 @@ def gateway_clients_checked(clients, default_rate):
         digest = _client_hash(client)
         if digest in hashes:
             _fail("gateway client %s has the same key as another client" % name)
-        rate = client.get("requests_per_minute", default_rate)
-        try:
-            rate = int(rate)
-        except (TypeError, ValueError):
-            _fail("gateway client %s: requests_per_minute %r is not a number" % (name, rate))
-        if rate < 1:
-            _fail("gateway client %s: requests_per_minute must be at least 1" % name)
+        rate = _positive(name, "requests_per_minute", client.get("requests_per_minute", default_rate))
+        concurrency = _positive(name, "concurrent_requests", client.get("concurrent_requests", default_concurrency))
         names.add(name)
         hashes.add(digest)
-        out.append({"name": name, "sha256": digest, "requests_per_minute": rate})
+        out.append({"name": name, "sha256": digest, "requests_per_minute": rate, "concurrent_requests": concurrency})
     return out
 
 
@@ -187,6 +195,12 @@ def gateway_limit_map(clients, default_rate):
                    for c in gateway_clients_checked(clients, default_rate))
 
 
+def gateway_concurrency_map(clients, default_rate, default_concurrency):
+    """HAProxy map: client name -> requests in progress at once."""
+    return "".join("%s %d\n" % (c["name"], c["concurrent_requests"])
+                   for c in gateway_clients_checked(clients, default_rate, default_concurrency))
+
+
 class FilterModule(object):
     """Filters of the gateway role."""
 
@@ -197,4 +211,5 @@ class FilterModule(object):
             "gateway_clients_checked": gateway_clients_checked,
             "gateway_client_map": gateway_client_map,
             "gateway_limit_map": gateway_limit_map,
+            "gateway_concurrency_map": gateway_concurrency_map,
         }

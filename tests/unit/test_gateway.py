@@ -106,6 +106,8 @@ def test_client_map_holds_hashes_and_names_only():
     assert text == "%s alice\n%s bob\n" % (hashlib.sha256(key.encode()).hexdigest(), digest)
     assert key not in text
     assert g.gateway_limit_map(clients, 60) == "alice 60\nbob 5\n"
+    clients[0]["concurrent_requests"] = 3
+    assert g.gateway_concurrency_map(clients, 60, 16) == "alice 3\nbob 16\n"
 
 
 @pytest.mark.parametrize("clients,message", [
@@ -119,6 +121,9 @@ def test_client_map_holds_hashes_and_names_only():
     ([{"name": "a", "key": "x" * 20}, {"name": "a", "key": "y" * 20}], "listed twice"),
     ([{"name": "a", "key": "x" * 20}, {"name": "b", "key": "x" * 20}], "same key"),
     ([{"name": "a", "key": "x" * 20, "requests_per_minute": 0}], "at least 1"),
+    ([{"name": "a", "key": "x" * 20, "requests_per_minute": True}], "not a number"),
+    ([{"name": "a", "key": "x" * 20, "concurrent_requests": 0}], "concurrent_requests must be at least 1"),
+    ([{"name": "a", "key": "x" * 20, "concurrent_requests": "many"}], "concurrent_requests 'many' is not a number"),
 ])
 def test_clients_refuse_bad_input(clients, message):
     with pytest.raises(g.AnsibleFilterError, match=message):

@@ -26,6 +26,7 @@ ROLE = Path(__file__).resolve().parents[2] / "roles" / "gateway"
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
 CLIENT_KEY = "unit-test-client-key-0123456789"
 NODE_KEY = "unit-test-node-key-abcdefghijklmnop"
+BUSY_KEY = "unit-test-busy-client-key-987654"
 
 pytestmark = pytest.mark.skipif(not os.access(HAPROXY, os.X_OK),
                                 reason="haproxy is not installed (Makefile DEB_PACKAGES: make deps)")
@@ -42,6 +43,8 @@ class Node(http.server.BaseHTTPRequestHandler):
     seen = []
 
     def _answer(self):
+        if self.headers.get("X-Unit-Slow"):
+            time.sleep(1.5)
         if self.path == "/health":
             body = b'{"status":"ok"}'
         else:
@@ -74,6 +77,7 @@ def render(tmp, port, node_port, stats_port):
         "gateway_admin_socket": str(tmp / "admin.sock"), "__gateway_state_file": str(tmp / "state"),
         "__gateway_tls_cert": str(tmp / "gateway.pem"), "__gateway_clients_map": str(tmp / "clients.map"),
         "__gateway_limits_map": str(tmp / "limits.map"), "__gateway_backend_key_map": str(tmp / "key.map"),
+        "__gateway_concurrency_map": str(tmp / "concurrency.map"),
         "__gateway_backend_key": NODE_KEY,
         "__gateway_servers": [{"name": "node-a", "address": "127.0.0.1", "port": node_port, "slots": 4}],
     })
@@ -90,7 +94,11 @@ def gateway(tmp_path_factory):
                    check=True, capture_output=True)
     import hashlib
     (tmp / "clients.map").write_text("%s unit\n" % hashlib.sha256(CLIENT_KEY.encode()).hexdigest())
-    (tmp / "limits.map").write_text("unit 100000\n")
+    (tmp / "limits.map").write_text("unit 100000\nbusy 100000\n")
+    # busy may have 2 requests in progress; unit takes the role's default.
+    (tmp / "concurrency.map").write_text("busy 2\n")
+    with open(tmp / "clients.map", "a") as f:
+        f.write("%s busy\n" % hashlib.sha256(BUSY_KEY.encode()).hexdigest())
     (tmp / "key.map").write_text("hmk_nodes %s\n" % NODE_KEY)
     node = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Node)
     threading.Thread(target=node.serve_forever, daemon=True).start()
@@ -178,3 +186,19 @@ def test_the_gateways_health_is_its_own_and_the_nodes_is_not_forwarded(gateway):
         assert send(gateway, "GET", target, key=None)[0] == 401, target
         assert send(gateway, "GET", target)[0] == 404, target
     assert Node.seen[before:] == []
+
+
+def test_a_keys_requests_in_progress_are_capped_and_the_cap_frees_as_they_end(gateway):
+    from concurrent.futures import ThreadPoolExecutor
+    slow = {"X-Unit-Slow": "1"}
+    with ThreadPoolExecutor(5) as pool:
+        busy = list(pool.map(lambda _: send(gateway, "POST", "/v1/completions", key=BUSY_KEY, headers=slow), range(5)))
+    # Two in progress at once for busy; the others are refused at once, not queued.
+    assert sorted(status for status, _ in busy) == [200, 200, 429, 429, 429], busy
+    assert all(json.loads(body)["error"]["type"] == "rate_limit_error" for status, body in busy if status == 429)
+    # Finished requests free the cap (sequential requests are never counted together)...
+    assert [send(gateway, "POST", "/v1/models", key=BUSY_KEY)[0] for _ in range(4)] == [200] * 4
+    # ...and another key's default (16) is its own.
+    with ThreadPoolExecutor(5) as pool:
+        others = list(pool.map(lambda _: send(gateway, "POST", "/v1/completions", headers=slow), range(5)))
+    assert [status for status, _ in others] == [200] * 5

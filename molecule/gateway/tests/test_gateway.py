@@ -236,7 +236,8 @@ def test_keys_stay_off_the_gateways_config_and_log(hosts):
     for secret in (NODE_KEY, ALICE, BOB, LOAD):
         assert secret not in config and secret not in journal
     # The client keys are stored as sha256 only; the node key in a root-only map.
-    for path in ("/etc/haproxy/hmk/clients.map", "/etc/haproxy/hmk/backend-key.map", "/etc/haproxy/hmk/tls/gateway.pem.key"):
+    for path in ("/etc/haproxy/hmk/clients.map", "/etc/haproxy/hmk/backend-key.map", "/etc/haproxy/hmk/tls/gateway.pem.key",
+                 "/etc/haproxy/hmk/concurrency.map"):
         f = gw.file(path)
         assert (f.user, f.group, f.mode) == ("root", "root", 0o600), path
     clients = gw.file("/etc/haproxy/hmk/clients.map").content_string
