@@ -664,8 +664,8 @@ def tuned_checked(record):
             continue
         value = record[field]
         if not isinstance(value, str) or not pattern.match(value):
-            _fail("tune_result.%s is %s, not %s: the node reported it, and nothing is written to the inventory "
-                  "(a value that is not of its shape is refused, not templated)" % (field, _shown(value), shape))
+            _fail("tune_result.%s is %s, not %s: nothing is written to the inventory, which Ansible reads as "
+                  "variables (and would template)" % (field, _shown(value), shape))
     return record
 
 
