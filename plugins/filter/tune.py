@@ -19,7 +19,8 @@ The winner is written to the controller's inventory (host_vars/<host>/tuned.yml)
 inference_service variables that render it, with the date, engine build and model it was found for. A
 record for another build or model is ignored (with a warning) by tuned_match. Ansible templates every string
 of a vars file it reads, and the build, commit and model come from the node: so the fields of a known shape
-are checked against it before anything is written, and every string is written `!unsafe` (never templated).
+are checked against it before anything is written, and every string is written `!unsafe` (never templated) or,
+where `!unsafe` would read it back as another type, in a form that cannot hold a template.
 tests/unit/test_tune.py imports this file directly.
 """
 from __future__ import absolute_import, division, print_function
@@ -672,8 +673,9 @@ def tuned_checked(record):
 def tuned_file(record, header=""):
     """The tuned file's YAML text (a stable rendering: the same record gives the same bytes).
 
-    Every string is written `!unsafe`: Ansible reads the file as host variables and would otherwise evaluate a
-    template in any of them (a node's root commanding the controller). The escapes keep the file printable ASCII.
+    Every string is written `!unsafe` (see _quoted for the few that cannot be): Ansible reads the file as host
+    variables and would otherwise evaluate a template in any of them (a node's root commanding the controller).
+    The escapes keep the file printable ASCII.
     """
     tuned_vars(record)
     tuned_checked(record)
