@@ -212,3 +212,11 @@ def test_a_template_planted_in_every_field_copied_from_a_node_is_written_inert_a
     read = playbook(tmp_path, "read-planted.yml", PLANTED_READER, inventory)
     assert touched(planted_canaries.values()) == []
     assert read["planted"]["planted_result"] == planted
+
+
+def test_a_speed_that_is_not_a_number_reads_back_as_one():
+    record = tune.tuned_record(_result())
+    record["best"] = dict(record["best"], pp_tps=float("nan"), tg_tps=float("inf"))
+    loaded = AnsibleLoader(tune.tuned_file(record)).get_single_data()["tune_result"]
+    assert isinstance(loaded["best"]["pp_tps"], float) and loaded["best"]["pp_tps"] != loaded["best"]["pp_tps"]
+    assert loaded["best"]["tg_tps"] == float("inf")
