@@ -32,7 +32,10 @@ options:
       path: {description: Absolute path., type: path, required: true}
       owner: {description: User name or number., type: str, required: true}
       group: {description: Group name or number., type: str, required: true}
-      mode: {description: Octal permissions as a string, e.g. C("0755")., type: str, required: true}
+      mode:
+        description: Octal permissions as a string, e.g. C("0755").
+        type: str
+        required: true
   files:
     description: Files to ensure, with their whole content.
     type: list
@@ -52,7 +55,7 @@ options:
     default: []
     suboptions:
       path: {description: Absolute path., type: path, required: true}
-      content: {description: The secret text., type: str, required: true, no_log: true}
+      content: {description: The secret text; never logged., type: str, required: true}
       owner: {description: User name or number., type: str, required: true}
       group: {description: Group name or number., type: str, required: true}
       mode: {description: Octal permissions as a string., type: str, required: true}
@@ -61,7 +64,7 @@ options:
     type: list
     elements: path
     default: []
-author: hybrid-moe-kit
+author: hybrid-moe-kit developers (@hybrid-moe-kit)
 """
 
 EXAMPLES = r"""

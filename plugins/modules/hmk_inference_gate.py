@@ -48,8 +48,23 @@ options:
       prompt: {description: The user message., type: str, required: true}
       max_tokens: {description: Tokens asked for., type: int, default: 8}
       timeout: {description: Seconds the completion may take., type: int, default: 300}
-      api_key: {description: Bearer token; empty sends none., type: str, default: "", no_log: true}
-author: hybrid-moe-kit
+      api_key: {description: Bearer token; empty sends none; never logged., type: str, default: ""}
+author: hybrid-moe-kit developers (@hybrid-moe-kit)
+"""
+
+EXAMPLES = r"""
+- name: The engine answers /health and a one-line chat completion
+  hmk.moe_kit.hmk_inference_gate:
+    unit: hmk-inference.service
+    url: http://127.0.0.1:8080/health
+    timeout: 1800
+    since: "{{ engine_state.now }}"
+    smoke:
+      url: http://127.0.0.1:8080/v1/chat/completions
+      model: qwen3-235b-a22b
+      prompt: Say OK.
+      api_key: "{{ vault_inference_api_key }}"
+  no_log: true
 """
 
 RETURN = r"""
