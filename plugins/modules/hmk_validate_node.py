@@ -40,7 +40,28 @@ options:
     type: list
     elements: dict
     default: []
-author: hybrid-moe-kit
+author: hybrid-moe-kit developers (@hybrid-moe-kit)
+"""
+
+EXAMPLES = r"""
+- name: The node can take these inputs (paths, sysctl keys, ports, accounts)
+  hmk.moe_kit.hmk_validate_node:
+    paths:
+      - {var: model_path, path: /srv/models/model.gguf, type: file}
+    sysctl_keys:
+      var: kernel_tuning_sysctl
+      keys: [vm.swappiness, kernel.numa_balancing]
+    ports:
+      - {var: inference_service_port, port: 8080, host: 127.0.0.1, unit: hmk-inference.service}
+    accounts:
+      - {name: hmk-inference, user_var: inference_service_user, group_var: inference_service_group}
+  check_mode: false
+  register: node_check
+
+- name: Nothing is refused
+  ansible.builtin.assert:
+    that: node_check.refusals | length == 0
+    fail_msg: "{{ node_check.refusals | join(' ') }}"
 """
 
 RETURN = r"""
