@@ -1,4 +1,4 @@
-#!/bin/bash
+#!/usr/bin/env bash
 # Builds the local stand-in of NVIDIA's CUDA repository, inside a throwaway twin container (Debian's
 # dpkg-deb, apt-ftparchive and gpg): STAND-IN packages carrying NVIDIA's names and versions, a flat
 # repository like NVIDIA's (Packages + Release at the top, "Suites: /"), an InRelease signed with a
