@@ -273,7 +273,7 @@ def main():
             files=dict(type="list", elements="dict", default=[],
                        options=dict(path=dict(type="path", required=True),
                                     content=dict(type="str", required=True), **attrs)),
-            secrets=dict(type="list", elements="dict", default=[],
+            secrets=dict(type="list", elements="dict", default=[], no_log=False,
                          options=dict(path=dict(type="path", required=True),
                                       content=dict(type="str", required=True, no_log=True), **attrs)),
             absent=dict(type="list", elements="path", default=[]),
@@ -285,7 +285,7 @@ def main():
                        module.params["secrets"], module.check_mode)
     except (FilesError, OSError) as exc:
         module.fail_json(msg="hmk_files: %s; nothing was changed" % exc)
-    result = dict(changed=bool(actions), changed_paths=sorted({path for _, path, _ in actions}))
+    result = dict(changed=bool(actions), changed_paths=sorted({path for _unused, path, _unused in actions}))
     if module._diff and actions:
         result["diff"] = diffs(actions)
     if not module.check_mode:

@@ -100,7 +100,7 @@ def unit_state(module, unit):
 def verdict(first, now):
     """Why the start failed, judged from two `systemctl show` readings, or None while it may still come up."""
     if now.get("ActiveState") == "failed" or (now.get("ActiveState") == "inactive" and now.get("Result") not in
-                                               (None, "", "success")):
+                                              (None, "", "success")):
         return "the unit failed (result %s, exit status %s)" % (now.get("Result"), now.get("ExecMainStatus"))
     if int(now.get("NRestarts") or 0) > int(first.get("NRestarts") or 0) or now.get("SubState") == "auto-restart":
         return "the engine exited and systemd is restarting it (exit status %s)" % now.get("ExecMainStatus")
@@ -148,7 +148,7 @@ def main():
                 url=dict(type="str", required=True),
                 model=dict(type="str", required=True),
                 prompt=dict(type="str", required=True),
-                max_tokens=dict(type="int", default=8),
+                max_tokens=dict(type="int", default=8, no_log=False),
                 timeout=dict(type="int", default=300),
                 api_key=dict(type="str", default="", no_log=True),
             )),

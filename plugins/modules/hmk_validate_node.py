@@ -155,9 +155,9 @@ def check_ports(items):
         held = port_holders(item["port"], item.get("host", "0.0.0.0"), listeners, {})
         if not held:
             continue
-        owners = _socket_owners([inode for _, inode, _ in held])
+        owners = _socket_owners([inode for _unused, inode, _unused in held])
         unit = item.get("unit") or ""
-        others = [(address, owners.get(inode, "")) for address, inode, _ in held
+        others = [(address, owners.get(inode, "")) for address, inode, _unused in held
                   if not (unit and owners.get(inode, "").startswith(unit + " "))]
         if others:
             described = ", ".join("%s on %s" % (owner or "a process this node cannot see (another container or "
@@ -170,7 +170,7 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             paths=dict(type="list", elements="dict", default=[]),
-            sysctl_keys=dict(type="dict", default={}),
+            sysctl_keys=dict(type="dict", default={}, no_log=False),
             ports=dict(type="list", elements="dict", default=[]),
             accounts=dict(type="list", elements="dict", default=[]),
         ),
