@@ -12,6 +12,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import math
 import re
 
 try:
@@ -44,7 +45,7 @@ def _number(value):
         number = float(value)
     except (TypeError, ValueError):
         return None
-    return number if number == number else None  # NaN is no measurement
+    return None if math.isnan(number) else number  # NaN is no measurement
 
 
 class _Metrics(object):

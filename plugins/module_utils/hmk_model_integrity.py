@@ -105,7 +105,7 @@ def rehash(models_root, state_dir, quarantine_dir, now=None):
         if not os.path.isdir(target_dir):
             os.makedirs(target_dir, 0o700)
         target = os.path.join(target_dir, "%s.%s.rehash-mismatch" % (name, time.strftime("%Y%m%dT%H%M%SZ",
-                                                                                            time.gmtime(started))))
+                                                                                         time.gmtime(started))))
         os.rename(path, target)
         os.unlink(os.path.join(state_dir, model, name + ".json"))
         record["mismatches"].append({"model": model, "file": name, "path": path, "expected_sha256": stamp["sha256"],

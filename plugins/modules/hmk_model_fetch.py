@@ -65,7 +65,8 @@ options:
     type: str
     required: true
   http_token:
-    description: Bearer token for HTTP and the Hub; sent only in the request header to the first URL's host (not after a redirect to another host), never on a command line, never logged.
+    description: Bearer token for HTTP and the Hub; sent only in the request header to the first URL's host (not after a redirect
+      to another host), never on a command line, never logged.
     type: str
   http_follow_redirects:
     description: Follow up to 5 redirects, never from https to http; off keeps every request on the configured host.

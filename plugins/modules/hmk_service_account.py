@@ -71,6 +71,7 @@ import pwd
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_validate import MARK, account_pending, account_problems
 
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
