@@ -147,4 +147,4 @@ gpg --batch --export > key.gpg
 gpg --batch --with-colons --list-keys | awk -F: '$1 == "fpr" {print $10; exit}' > fingerprint
 gpgconf --kill gpg-agent
 chmod -R a+rX "$repo"
-echo "repository built: $(ls "$repo" | wc -l) files, key $(cat fingerprint)"
+echo "repository built: $(find "$repo" -mindepth 1 -maxdepth 1 ! -name '.*' | wc -l) files, key $(cat fingerprint)"
