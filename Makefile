@@ -8,11 +8,11 @@ export HMK_STATE ?= /var/tmp/hybrid-moe-kit
 export DOCKER_HOST := unix://$(HMK_STATE)/dockerd/docker.sock
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 DEB_PACKAGES := qemu-system-x86 qemu-utils debootstrap grub-pc-bin grub2-common e2fsprogs fdisk \
-	openssh-client docker.io python3-venv git rsync curl haproxy
+	openssh-client docker.io python3-venv git rsync curl haproxy shellcheck
 LAB_ARGS ?=
 LAB_KIND ?= container
 
-.PHONY: help deps venv image lab lab-down lint syntax unit integration collection ee cuda-sample molecule kt-native test test-quick bench fleet-bench clean \
+.PHONY: help deps venv image lab lab-down lint syntax unit sanity integration collection ee cuda-sample molecule kt-native test test-quick bench fleet-bench clean \
 	gpu-bundle gpu-acceptance
 
 help:
@@ -22,6 +22,7 @@ help:
 	@echo "make test-quick  lint, syntax, unit tests (no twins)"
 	@echo "make bench       the test bed's costs (image, boot, reboot, container, scenarios)"
 	@echo "make gpu-bundle  stage what tests/gpu/acceptance.sh needs on a GPU machine without internet"
+	@echo "make sanity      ansible-test sanity (every test but pslint) on the collection, ignores in tests/sanity/"
 	@echo "make collection  build the hmk.moe_kit tarball, install it apart, syntax-check every playbook by FQCN"
 	@echo "make ee          the execution environment's build context (ansible-builder create) in .cache/ee/context"
 	@echo "make fleet-bench site.yml over a fleet of container twins, timed (benchmarks/fleet.sh; ~25 min, not in CI)"
@@ -70,6 +71,11 @@ syntax: venv
 
 unit: venv
 	python -m pytest -q tests/unit
+
+# ansible-test sanity as Galaxy's checkers run it, with the pinned ansible-core (scripts/sanity: the
+# ansible_collections/hmk/moe_kit layout in .cache/sanity, a get-pip stand-in where ansible-test's host is unreachable).
+sanity: deps venv
+	scripts/sanity
 
 # The bed's own fault paths, with the real tools.
 integration: deps venv

@@ -21,7 +21,7 @@ export DOCKER_HOST=unix://$HMK_STATE/dockerd/docker.sock
 export ANSIBLE_CONFIG=$PWD/ansible.cfg
 keep=${1:-}
 n=${HMK_FLEET_N:-6}
-[ "$n" -ge 2 ] && [ "$n" -le 10 ] || { echo "fleet.sh: HMK_FLEET_N must be 2-10 (ports 2401-2410)" >&2; exit 2; }
+if ! { [ "$n" -ge 2 ] && [ "$n" -le 10 ]; }; then echo "fleet.sh: HMK_FLEET_N must be 2-10 (ports 2401-2410)" >&2; exit 2; fi
 names=(); for i in $(seq 1 "$n"); do names+=("$(printf 'fleet-%02d' "$i")"); done
 failing=${names[$((n / 2))]}
 now() { date +%s.%N; }
@@ -166,7 +166,7 @@ echo "  total $total_mem MiB for $n twins ($((total_mem / n)) MiB each); host Me
 echo "  nodes answering /health after the fleet rebuild: $serving_after_rebuild of $n"
 echo
 echo "failed node: $failing stopped ${stopped_at}s into the run (during its engine build); the run ended after ${fail_run}s, rc=$fail_rc, held at the stopped node and ended by the script: $held"
-echo "$fail_recaps" | sed 's/^/  /'
+while IFS= read -r line; do echo "  $line"; done <<< "$fail_recaps"
 echo "  other nodes answering /health after that run: $others_serving of $((n - 1))"
 echo "  re-run after restarting $failing: ${rerun}s, rc=$rc, nodes with changes: ${rerun_changed:-none}, failed: ${rerun_failed:-none}"
 echo "ansible output of each run: $logs/"

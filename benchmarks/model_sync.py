@@ -220,7 +220,7 @@ def main():
         name = "bench-%05d-of-%05d.bin" % (index + 1, args.files)
         digest = hashlib.sha256()
         with open(os.path.join(data_dir, "bench", name), "wb") as handle:
-            for _ in range(per_file // (64 << 20)):
+            for _unused in range(per_file // (64 << 20)):
                 block = os.urandom(64 << 20)
                 digest.update(block)
                 handle.write(block)

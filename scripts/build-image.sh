@@ -102,7 +102,7 @@ SEL
   sed -i 's/^MODULES=.*/MODULES=list/' "$root/etc/initramfs-tools/initramfs.conf"
   printf '%s\n' virtio_pci virtio_blk virtio_net nvme ahci sd_mod ext4 crc32c_generic \
     > "$root/etc/initramfs-tools/modules"
-  kver=$(ls "$root/lib/modules" | sort -V | tail -n 1)
+  kver=$(find "$root/lib/modules" -mindepth 1 -maxdepth 1 -printf '%f\n' | sort -V | tail -n 1)
   in_root update-initramfs -u -k "$kver" >>"$log" 2>&1 || die "update-initramfs failed"
 
   install -d -m 0700 "$root/root/.ssh"

@@ -65,7 +65,7 @@ class ActionModule(ActionBase):
 
     def run(self, tmp=None, task_vars=None):
         result = super(ActionModule, self).run(tmp, task_vars)
-        _, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
+        _unused, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
         # Plain Python values: the lock is written with yaml's SafeDumper, which knows no tagged template strings.
         args = json.loads(json.dumps(args))
         path = os.path.abspath(os.path.expanduser(args["lock_file"]))

@@ -521,7 +521,7 @@ def check_smt(raw):
         return _finding("smt", "info", "SMT could not be read", "no /sys/devices/system/cpu/smt/active",
                         verdict["fix"])
     evidence = "smt active=%d, %s thread(s) per core" % (1 if verdict["observed"] == "on" else 0,
-                                                        _known(cpu.get("threads_per_core")))
+                                                         _known(cpu.get("threads_per_core")))
     if verdict["verdict"] == "ok":
         return _finding("smt", "ok", "SMT is %s as the profile wants" % verdict["observed"], evidence, "Nothing to do.")
     if verdict["observed"] == "on":
@@ -705,7 +705,6 @@ def check_engine_isa(raw):
                         "The build is generic or from an older CPU: rebuild on this node with GGML_NATIVE=ON "
                         "(llama_build role), and check that its build stamp names this CPU's flags.")
     return _finding("engine_isa", "ok", "The engine uses the CPU's vector extensions", evidence, "Nothing to do.")
-
 
 
 def _gpu_node(raw):

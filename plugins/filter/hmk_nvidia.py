@@ -322,7 +322,7 @@ def openpgp_fingerprint(armored):
         data = _dearmor(str(armored))
     if not data or not data[0] & 0x80:
         raise CompatError("the repository key does not start with an OpenPGP packet")
-    tag, _ = next(_openpgp_packets(data))
+    tag, _unused = next(_openpgp_packets(data))
     if tag != 6:
         raise CompatError("the repository key's first packet is not a public key (tag %d)" % tag)
     return openpgp_fingerprints(data)[0]
@@ -472,9 +472,9 @@ def _one_line_entry(line):
     kind, rest = words[0], " ".join(words[1:])
     options = {}
     if rest.startswith("["):
-        inner, _, rest = rest[1:].partition("]")
+        inner, _unused, rest = rest[1:].partition("]")
         for word in inner.split():
-            key, _, value = word.partition("=")
+            key, _unused, value = word.partition("=")
             options[key.lower()] = value
     parts = rest.split()
     if len(parts) < 2:
@@ -710,8 +710,8 @@ def _der_children(data, start, end):
 
 def _common_name(data, start, end):
     """The commonName (2.5.4.3) of a DER Name, or ''."""
-    for _, set_start, set_end in _der_children(data, start, end):
-        for _, seq_start, seq_end in _der_children(data, set_start, set_end):
+    for _unused, set_start, set_end in _der_children(data, start, end):
+        for _unused, seq_start, seq_end in _der_children(data, set_start, set_end):
             parts = list(_der_children(data, seq_start, seq_end))
             if len(parts) == 2 and data[parts[0][1]:parts[0][2]] == b"\x55\x04\x03":
                 return data[parts[1][1]:parts[1][2]].decode("utf-8", "replace")
@@ -736,8 +736,8 @@ def x509_identity(cert):
         text = text.split("-----BEGIN CERTIFICATE-----", 1)[1].split("-----END CERTIFICATE-----", 1)[0]
     try:
         der = base64.b64decode("".join(text.split()), validate=True)
-        _, start, end = _der_element(der, 0)
-        _, tbs_start, tbs_end = _der_element(der, start)
+        _unused, start, end = _der_element(der, 0)
+        _unused, tbs_start, tbs_end = _der_element(der, start)
         fields = list(_der_children(der, tbs_start, tbs_end))
     except (binascii.Error, ValueError, IndexError) as exc:
         raise CompatError("the certificate is neither PEM nor base64 DER X.509 (%s)" % exc)
@@ -845,7 +845,7 @@ def module_signer_check(modinfo_text, mokutil_text, cert=None, module="nvidia"):
 def cuda_toolkits(text):
     """Toolkit series installed side by side, from paths like /usr/local/cuda-12.8/bin/nvcc (oldest first)."""
     found = set(re.findall(r"/cuda-(\d+\.\d+)/bin/nvcc\b", str(text or "")))
-    return sorted(found, key=lambda series: toolkit_key(series))
+    return sorted(found, key=toolkit_key)
 
 
 def cuda_toolkit_choice(installed, wanted="", prefix="/usr/local"):

@@ -254,7 +254,7 @@ def args_file(argv):
 
 def read_args_file(text):
     """What the wrapper's `while IFS= read -r line` loop yields for an arguments file (for tests)."""
-    return [line for line in str(text).split("\n")[:-1]] if str(text).endswith("\n") else str(text).split("\n")
+    return str(text).split("\n")[:-1] if str(text).endswith("\n") else str(text).split("\n")
 
 
 def systemd_word(value):
@@ -536,7 +536,7 @@ def ot_rules(plan):
 def rule_buffer(rules, tensor):
     """The buffer a tensor name lands in under first-match-wins -ot rules (regex search, like llama.cpp)."""
     for rule in rules:
-        pattern, _, buffer = str(rule).rpartition("=")
+        pattern, _unused, buffer = str(rule).rpartition("=")
         if re.search(pattern, tensor):
             return buffer
     return None
@@ -558,7 +558,7 @@ def plan_markdown(plan, title=""):
             gpu["device"], _block_text(gpu), _ranges(gpu["layers"]) or "none", gpu["expert_bytes"] / float(GIB),
             gpu["base_bytes"] / float(GIB), gpu["expected_bytes"] / float(GIB), gpu["vram_bytes"] / float(GIB)))
     lines.append("| CPU | | %s | %.2f GiB | | | |" % (_ranges(plan["cpu_layers"]) or "none",
-                                                     plan["cpu_expert_bytes"] / float(GIB)))
+                                                      plan["cpu_expert_bytes"] / float(GIB)))
     lines += ["", "-ot rules (first match wins):", ""]
     lines += ["    -ot %s" % r for r in plan["rules"]]
     if plan.get("tensor_split"):

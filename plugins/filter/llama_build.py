@@ -288,8 +288,8 @@ def builds_to_prune(builds, keep, protect=None):
         items = [(str(b["path"]).rstrip("/").rsplit("/", 1)[-1], float(b.get("mtime", 0))) for b in builds]
     protect = {p for p in (protect or []) if p}
     newest_first = sorted(items, key=lambda kv: (-kv[1], kv[0]))
-    kept = [name for name, _ in newest_first[:max(int(keep), 1)]]
-    return sorted(name for name, _ in newest_first if name not in kept and name not in protect)
+    kept = [name for name, _unused in newest_first[:max(int(keep), 1)]]
+    return sorted(name for name, _unused in newest_first if name not in kept and name not in protect)
 
 
 class FilterModule(object):

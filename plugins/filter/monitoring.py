@@ -12,6 +12,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import math
 import re
 
 from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_validate import guard_filters, refusal, rule_ip, rule_port
@@ -47,7 +48,7 @@ def _number(value):
         number = float(value)
     except (TypeError, ValueError):
         return None
-    return number if number == number else None  # NaN is no measurement
+    return None if math.isnan(number) else number  # NaN is no measurement
 
 
 class _Metrics(object):

@@ -157,11 +157,11 @@ def tokens_per_joule(tg_tps, cpu, gpu):
     known = [(name, part) for name, part in (("cpu_package", cpu), ("gpu_board", gpu)) if part.get("available")]
     if not known:
         return unavailable("neither CPU package energy nor GPU board power could be read")
-    watts = sum(float(part["average_watts"]) for _, part in known)
+    watts = sum(float(part["average_watts"]) for _unused, part in known)
     if watts <= 0:
         return unavailable("the measured power is zero")
     return {"available": True, "value": round(tg / watts, 4), "watts": round(watts, 2),
-            "basis": [name for name, _ in known]}
+            "basis": [name for name, _unused in known]}
 
 
 # ------------------------------------------------------------------------------------ llama-bench
@@ -525,7 +525,7 @@ def report_markdown(rep):
             part["average_watts"], part["joules"], part["seconds"])) if part.get("available") else _fmt(part)))
     tpj = power["tokens_per_joule"]
     lines.append("| tokens per joule | %s |" % (("%.4f (%s)" % (tpj["value"], " + ".join(tpj["basis"])))
-                                              if tpj.get("available") else _fmt(tpj)))
+                                                if tpj.get("available") else _fmt(tpj)))
     lines.append("")
     published = rep["published"]
     if published.get("available"):
@@ -551,8 +551,8 @@ def report_markdown(rep):
                            ("tuned (this validation)", "validated")):
             part = tuning[key]
             lines.append("| %s | %s | %s | %s |" % (label, _fmt(part.get("tg_tps") if part.get("tg_tps") is not None
-                                                                 else "n/a", "", 1),
-                                                  _pct(part["efficiency_vs_measured"]), _pct(part["efficiency_vs_theoretical"])))
+                                                                else "n/a", "", 1),
+                                                    _pct(part["efficiency_vs_measured"]), _pct(part["efficiency_vs_theoretical"])))
     else:
         lines.append("Tuning: %s." % tuning.get("reason"))
     chart = rep.get("chart")

@@ -145,7 +145,7 @@ def parse_smi_apps(text, gpus):
 # --------------------------------------------------------------------------------------------- proof
 
 def _rule_parts(rule):
-    pattern, _, buffer = str(rule).rpartition("=")
+    pattern, _unused, buffer = str(rule).rpartition("=")
     return pattern, buffer
 
 
@@ -290,7 +290,7 @@ def evaluate(parsed, plan, apps=None, pid=None):
         high = gpu.get("expected_bytes") or got
         record("weights", low <= got <= high, "%s weights %s" % (device, _gib(got)),
                "between %s and %s (the plan's weights %s, its budget %s)" % (_gib(low), _gib(high), _gib(planned),
-                                                                           _gib(high)),
+                                                                             _gib(high)),
                "The weights on this GPU are not what the plan put there: re-run the role so the plan, the -ts "
                "and the -ot rules agree, or lower inference_service_gpu_expert_layers.")
 

@@ -65,7 +65,7 @@ class _Reader:
             if etype in _SCALARS and not keep:
                 self.handle.seek(count * _SCALARS[etype][1], os.SEEK_CUR)
                 return {"type": "array", "length": count}
-            items = [self.value(etype, array_limit) for _ in range(count)]
+            items = [self.value(etype, array_limit) for _unused in range(count)]
             return items if keep else {"type": "array", "length": count}
         raise GGUFError("unknown GGUF value type %d at byte %d" % (vtype, self.handle.tell()))
 
@@ -100,16 +100,16 @@ def read_gguf(path, array_limit=64, tensors=False):
         tensor_count = reader.scalar("Q", 8)
         kv_count = reader.scalar("Q", 8)
         metadata = {}
-        for _ in range(kv_count):
+        for _unused in range(kv_count):
             key = reader.string()
             metadata[key] = reader.value(reader.scalar("I", 4), array_limit)
         result = {"version": version, "tensor_count": tensor_count, "kv_count": kv_count, "metadata": metadata}
         if not tensors:
             return result
         infos = []
-        for _ in range(tensor_count):
+        for _unused in range(tensor_count):
             name = reader.string()
-            for _ in range(reader.scalar("I", 4)):
+            for _unused in range(reader.scalar("I", 4)):
                 reader.scalar("Q", 8)
             reader.scalar("I", 4)  # ggml type: sizes come from the offsets
             infos.append((name, reader.scalar("Q", 8)))
@@ -117,9 +117,9 @@ def read_gguf(path, array_limit=64, tensors=False):
         alignment = int(alignment) if isinstance(alignment, int) and alignment > 0 else 32
         data_start = -(-handle.tell() // alignment) * alignment
     ordered = sorted(infos, key=lambda item: item[1])
-    ends = [offset for _, offset in ordered[1:]] + [file_size - data_start]
+    ends = [offset for _unused, offset in ordered[1:]] + [file_size - data_start]
     table = [(name, end - offset) for (name, offset), end in zip(ordered, ends)]
-    if any(size < 0 for _, size in table):
+    if any(size < 0 for _unused, size in table):
         raise GGUFError("%s: tensor offsets run past the end of the file (truncated download?)" % path)
     result["tensors"] = table
     return result

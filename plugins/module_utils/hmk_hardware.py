@@ -215,7 +215,7 @@ def cpu_flags(value):
     flags = set()
     for line in text.splitlines() or [text]:
         if ":" in line:
-            key, _, rest = line.partition(":")
+            key, _unused, rest = line.partition(":")
             if key.strip() not in ("flags", "Features"):
                 continue
             line = rest
@@ -584,7 +584,7 @@ def _channels(slots, populated, channels_per_socket, reason):
     if want:
         detail = "the slots per socket (%s) are neither all populated nor one per channel" % ", ".join(
             "%s: %d of %d populated" % ("socket " + str(k) if k is not None else "unlabelled slots",
-                             sum(1 for s in g if s["populated"]), len(g))
+                                        sum(1 for s in g if s["populated"]), len(g))
             for k, g in sorted(groups.items(), key=lambda item: str(item[0])))
     else:
         detail = "the CPU's channel count is not known"
@@ -1437,7 +1437,7 @@ def judge_gpu_links(facts, profile=None):
             verdict = "unknown" if verdict == "ok" else verdict
             continue
         text = "%s x%s/%s %sGT/s/%sGT/s" % (bdf, cw, "x%s" % mw if known(mw) and mw else "?", cs,
-                                           ms if known(ms) and ms else "?")
+                                            ms if known(ms) and ms else "?")
         if known(mw) and mw and cw < mw:
             verdict = "bad"
             text += " width downgraded"
@@ -1653,12 +1653,12 @@ def render_markdown(host, checks, facts, summary):
            "", "| status | check | observed | expected |", "|---|---|---|---|"]
     for c in checks:
         out.append("| %s | %s | %s | %s |" % (c["status"], c["id"], _text(c["observed"]).replace("|", "/"),
-                                               _text(c["expected"]).replace("|", "/")))
+                                              _text(c["expected"]).replace("|", "/")))
     out += ["", "## Findings", ""]
     for c in checks:
         if c["status"] != "pass":
             out.append("- **%s** (%s%s): %s Remedy: %s" % (c["id"], c["status"], ", waived" if c.get("waived") else "",
-                                                          c["why"], c["remedy"]))
+                                                           c["why"], c["remedy"]))
     if all(c["status"] == "pass" for c in checks):
         out.append("- none")
     cpu = facts.get("cpu") or {}
@@ -1678,7 +1678,7 @@ def render_markdown(host, checks, facts, summary):
             % (_fact(facts.get("memory_total_gb")), memory.get("slots_populated"), memory.get("slots_total"),
                _fact(memory.get("configured_speed_mts")), _fact(memory.get("bandwidth_gbs"))),
             "- GPUs: %s" % (", ".join("%s %s%s" % (g["pci_address"], _fact(g.get("model")),
-                                                    " (driver %s)" % g["driver"] if known(g.get("driver")) else "")
+                                                   " (driver %s)" % g["driver"] if known(g.get("driver")) else "")
                                       for g in facts.get("gpus") or []) or "none"),
             "- Transparent hugepages: %s" % _fact(facts.get("transparent_hugepages")),
             "- Kernel command line: `%s`" % _fact((facts.get("cmdline") or {}).get("line")

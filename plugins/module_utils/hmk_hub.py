@@ -275,7 +275,7 @@ def _hub_message(exc, model, request, endpoint):
                 % (model, repo, status, server or "unauthorized"))
     if status is not None:
         return "%s: the Hub at %s answered HTTP %s for %s at %s: %s" % (model, endpoint, status, repo, revision,
-                                                                      server or exc)
+                                                                        server or exc)
     return "%s: the Hub at %s could not be read for %s at %s: %s" % (model, endpoint, repo, revision, exc)
 
 

@@ -145,7 +145,7 @@ def rehash(models_root, state_dir, quarantine_dir, now=None):
         if not os.path.isdir(target_dir):
             os.makedirs(target_dir, 0o700)
         target = os.path.join(target_dir, "%s.%s.rehash-mismatch" % (name, time.strftime("%Y%m%dT%H%M%SZ",
-                                                                                            time.gmtime(started))))
+                                                                                         time.gmtime(started))))
         os.rename(path, target)
         moved = _current(target)
         if moved is None or _identity(moved) != _identity(hashed):

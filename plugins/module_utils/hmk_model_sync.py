@@ -12,7 +12,6 @@ staging, where the next run resumes it. A bad file never replaces a good one: it
 from __future__ import absolute_import, division, print_function
 
 import errno
-import fcntl
 import hashlib
 import http.client
 import json
@@ -156,7 +155,7 @@ def validate_catalog(catalog, selected, require_hashes=True):
                 continue
             if item.get("source") and rule_rel_path(item["source"]):
                 problems.append("model %r: file %s has source %r, refused: %s" % (model, name, item["source"],
-                                                                                 rule_rel_path(item["source"])))
+                                                                                  rule_rel_path(item["source"])))
             if name in names:
                 problems.append("model %r: file %s is listed twice" % (model, name))
             names.add(name)
@@ -202,7 +201,7 @@ def space_problem(path, needed, free, margin):
     return ("not enough free space at %s: the missing files need %d bytes (%.2f GiB) plus a margin of %d bytes "
             "(%.2f GiB) = %d bytes, and %d bytes (%.2f GiB) are free; free %d bytes or lower "
             "model_sync_free_space_margin_gb" % (path, needed, needed / gib, margin, margin / gib, needed + margin,
-                                                  free, free / gib, needed + margin - free))
+                                                 free, free / gib, needed + margin - free))
 
 
 # -------------------------------------------------------------------------------------------- hashing
@@ -376,7 +375,7 @@ def append_hashed(fill, partial, digest, direct=True, block=CHUNK):
     except OSError as exc:
         raise SyncError("cannot open %s for writing: %s" % (partial, exc))
     free, full, failure, raised = queue.Queue(), queue.Queue(), [], []
-    for _ in range(BLOCKS):
+    for _unused in range(BLOCKS):
         free.put(mmap.mmap(-1, block))
 
     def writer():
@@ -448,7 +447,7 @@ def speed_guard(fill, stall_seconds, floor=1024, clock=time.monotonic):
         if now - window["start"] >= stall_seconds:
             if window["bytes"] < floor * stall_seconds:
                 raise TimeoutError("under %d bytes/s for %d s (%d bytes arrived)" % (floor, stall_seconds,
-                                                                                   window["bytes"]))
+                                                                                     window["bytes"]))
             window["start"], window["bytes"] = now, 0
         return count
     return guarded
@@ -518,7 +517,7 @@ def _send(method, url, first, offset, token, connect_timeout, stall_seconds):
 def http_head(url, token, connect_timeout=30, stall_seconds=120):
     """(status, {lower-cased header name: value}) of a HEAD of `url`; a redirect is returned, not followed. The
     token goes as open_http sends it."""
-    conn, response, _ = _send("HEAD", url, url, 0, token, connect_timeout, stall_seconds)
+    conn, response, _unused = _send("HEAD", url, url, 0, token, connect_timeout, stall_seconds)
     try:
         response.read()
         return response.status, {name.lower(): value.strip() for name, value in response.getheaders()}
@@ -533,7 +532,7 @@ def open_http(url, offset, token, follow_redirects, connect_timeout=30, stall_se
     handled as _send says (the transfer is resumed by the next attempt after a stall).
     """
     current = url
-    for _ in range(MAX_REDIRECTS + 1):
+    for _unused in range(MAX_REDIRECTS + 1):
         conn, response, where = _send("GET", current, url, offset, token, connect_timeout, stall_seconds)
         if response.status in REDIRECTS:
             target = urljoin(current, response.getheader("Location") or "")
@@ -675,7 +674,7 @@ class Source:
             with open(source, "rb", buffering=0) as reader:
                 reader.seek(offset)
                 fill = capped(reader.readinto, max(size - offset, 0))
-                received, _ = append_hashed(fill, partial, digest)
+                received, _unused = append_hashed(fill, partial, digest)
                 longer = fill.left == 0 and bool(reader.read(1))
         except (IOError, OSError) as exc:
             raise SyncError("%s: %s (%d bytes kept in %s)" % (source, exc, _size_of(partial), partial))
@@ -691,7 +690,7 @@ class Source:
         argv = ["rsync", "--append-verify", "--timeout=%d" % self.stall_seconds, "--rsh", ssh,
                 self.describe(relpath), partial]
         for attempt in range(self.retries + 1):
-            proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=False)
             if proc.returncode == 0:
                 return None, max(_size_of(partial) - before, 0)
             error = proc.stderr.decode("utf-8", "replace").strip()
@@ -832,7 +831,7 @@ class Syncer:
     def _fetch_one(self, entry):
         """(bytes received, error sentence or None, quarantined path or None) for one file."""
         name, size, wanted = entry["name"], entry["size"], entry["sha256"]
-        final, partial, _ = self._paths(name)
+        final, partial, _unused = self._paths(name)
         item = next(f for f in self.files if f["name"] == name)
         relpath = item.get("source") or name
         outcome = {"received": 0, "bad": None}
@@ -917,7 +916,7 @@ class Syncer:
         self._write_stamp(name, sha256)
 
     def _write_stamp(self, name, sha256):
-        final, _, stamp_path = self._paths(name)
+        final, _unused, stamp_path = self._paths(name)
         stat = os.stat(final)
         temporary = stamp_path + ".tmp"
         with open(temporary, "w") as handle:

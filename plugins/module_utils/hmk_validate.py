@@ -17,7 +17,6 @@ import inspect
 import ipaddress
 import json
 import math
-import os
 import re
 
 __metaclass__ = type
@@ -305,7 +304,7 @@ def rule_url(value, schemes=("http", "https"), allow_empty=False, carries_secret
     if at and (":" in userinfo or match.group(1).lower() in ("http", "https")):
         return "%s without credentials in it (give a token through its own variable, kept in a vault)" % allowed
     if match.group(1).lower() != "file" and not re.fullmatch(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:[0-9]{1,5})?",
-                                                               host):
+                                                             host):
         return "%s with a host name" % allowed
     problem = _url_port_problem(host)
     if problem:
@@ -579,7 +578,7 @@ def check(spec):
     var, value, rule = spec["var"], spec.get("value"), spec.get("rule")
     secret = bool(spec.get("secret"))
     opts = dict((k, v) for k, v in spec.items() if k not in ("var", "value", "rule", "secret", "elements", "keys",
-                                                              "values", "skip", "min_items", "max_items", "hint"))
+                                                             "values", "skip", "min_items", "max_items", "hint"))
     out = []
     if rule in ("list", "dict"):
         expected = list if rule == "list" else dict
@@ -781,7 +780,7 @@ def sysctl_key_refusals(var, keys, exists):
         path = proc_sys_path(key)
         if not exists(path):
             out.append(refusal("%s[%s]" % (var, key), key, "a sysctl key this kernel has (%s does not exist; the drop-in "
-                                                          "would fail at every boot)" % path))
+                               "would fail at every boot)" % path))
     return out
 
 
@@ -872,8 +871,8 @@ def account_problems(name, group, mark, users, groups, user_var="service user", 
             out.append(refusal(group_var, group, "a dedicated group, never gid 0"))
         elif foreign:
             out.append(refusal(group_var, group, "a group of the kit's accounts only; %s also belongs to %s, "
-                                                         "who would share what the service reads"
-                                                         % (group, ", ".join(foreign))))
+                               "who would share what the service reads"
+                               % (group, ", ".join(foreign))))
     return out
 
 

@@ -32,7 +32,10 @@ options:
       path: {description: Absolute path., type: path, required: true}
       owner: {description: User name or number., type: str, required: true}
       group: {description: Group name or number., type: str, required: true}
-      mode: {description: Octal permissions as a string, e.g. C("0755")., type: str, required: true}
+      mode:
+        description: Octal permissions as a string, e.g. C("0755").
+        type: str
+        required: true
   files:
     description: Files to ensure, with their whole content.
     type: list
@@ -52,7 +55,7 @@ options:
     default: []
     suboptions:
       path: {description: Absolute path., type: path, required: true}
-      content: {description: The secret text., type: str, required: true, no_log: true}
+      content: {description: The secret text; never logged., type: str, required: true}
       owner: {description: User name or number., type: str, required: true}
       group: {description: Group name or number., type: str, required: true}
       mode: {description: Octal permissions as a string., type: str, required: true}
@@ -61,7 +64,7 @@ options:
     type: list
     elements: path
     default: []
-author: hybrid-moe-kit
+author: hybrid-moe-kit developers (@hybrid-moe-kit)
 """
 
 EXAMPLES = r"""
@@ -270,7 +273,7 @@ def main():
             files=dict(type="list", elements="dict", default=[],
                        options=dict(path=dict(type="path", required=True),
                                     content=dict(type="str", required=True), **attrs)),
-            secrets=dict(type="list", elements="dict", default=[],
+            secrets=dict(type="list", elements="dict", default=[], no_log=False,
                          options=dict(path=dict(type="path", required=True),
                                       content=dict(type="str", required=True, no_log=True), **attrs)),
             absent=dict(type="list", elements="path", default=[]),
@@ -282,7 +285,7 @@ def main():
                        module.params["secrets"], module.check_mode)
     except (FilesError, OSError) as exc:
         module.fail_json(msg="hmk_files: %s; nothing was changed" % exc)
-    result = dict(changed=bool(actions), changed_paths=sorted({path for _, path, _ in actions}))
+    result = dict(changed=bool(actions), changed_paths=sorted({path for _unused, path, _unused in actions}))
     if module._diff and actions:
         result["diff"] = diffs(actions)
     if not module.check_mode:

@@ -21,7 +21,18 @@ options:
     description: The model file; for a split model, the first split (C(-00001-of-0000N.gguf)).
     type: path
     required: true
-author: hybrid-moe-kit
+author: hybrid-moe-kit developers (@hybrid-moe-kit)
+"""
+
+EXAMPLES = r"""
+- name: The model's tensor layout is read from its GGUF header
+  hmk.moe_kit.hmk_gguf_layout:
+    path: /srv/models/qwen3-235b-a22b-q4_k_m/Qwen3-235B-A22B-Q4_K_M-00001-of-00003.gguf
+  register: layout
+
+- name: The routed experts' bytes per layer are shown
+  ansible.builtin.debug:
+    msg: "{{ layout.architecture }}: {{ layout.expert_bytes }}"
 """
 
 RETURN = r"""

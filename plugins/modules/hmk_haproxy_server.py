@@ -53,6 +53,7 @@ options:
       nor in maintenance) for the change to go ahead; otherwise the module fails before changing anything.
     type: int
     default: 0
+author: hybrid-moe-kit developers (@hybrid-moe-kit)
 """
 
 EXAMPLES = r"""
@@ -93,7 +94,12 @@ from ansible.module_utils.basic import AnsibleModule
 
 # srv_admin_state bits (HAProxy's SRV_ADMF_*): maintenance forced by the CLI, inherited from a tracked server,
 # set by the configuration ("disabled"), by DNS resolution; drain forced by the CLI or inherited.
-ADMF_FMAINT, ADMF_IMAINT, ADMF_CMAINT, ADMF_FDRAIN, ADMF_IDRAIN, ADMF_RMAINT = 0x01, 0x02, 0x04, 0x08, 0x10, 0x20
+ADMF_FMAINT = 0x01
+ADMF_IMAINT = 0x02
+ADMF_CMAINT = 0x04
+ADMF_FDRAIN = 0x08
+ADMF_IDRAIN = 0x10
+ADMF_RMAINT = 0x20
 ADMF_MAINT = ADMF_FMAINT | ADMF_IMAINT | ADMF_CMAINT | ADMF_RMAINT
 ADMF_DRAIN = ADMF_FDRAIN | ADMF_IDRAIN
 OP_STATES = {0: "stopped", 1: "starting", 2: "running", 3: "stopping"}

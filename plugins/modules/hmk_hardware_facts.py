@@ -36,7 +36,7 @@ options:
     description: Name used in the report title (the inventory name); the node's hostname when empty.
     type: str
     default: ""
-author: hybrid-moe-kit
+author: hybrid-moe-kit developers (@hybrid-moe-kit)
 """
 
 EXAMPLES = r"""

@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 module: hmk_hub_lock
 short_description: Pin Hugging Face models' files (commit, size, sha256) in a lock file on the control machine
 description:
-  - An action plugin (plugins/action/hmk_hub_lock.py): it runs on the control machine, never on the node.
+  - An action plugin (plugins/action/hmk_hub_lock.py) that runs on the control machine, never on the node.
   - For each model whose lock entry is missing, reads the Hub's metadata at the catalog's revision with
     huggingface_hub (a branch or tag is resolved to its commit once), and records every file's path, commit, size and
     sha256 in the lock. LFS files carry their sha256 in the Hub's metadata; a file kept in git is read once and its
@@ -37,7 +37,7 @@ options:
       hf_files_repo, hf_files_revision) and its files / hf_files.
     type: dict
     required: true
-author: hybrid-moe-kit
+author: hybrid-moe-kit developers (@hybrid-moe-kit)
 """
 
 EXAMPLES = r"""

@@ -48,8 +48,23 @@ options:
       prompt: {description: The user message., type: str, required: true}
       max_tokens: {description: Tokens asked for., type: int, default: 8}
       timeout: {description: Seconds the completion may take., type: int, default: 300}
-      api_key: {description: Bearer token; empty sends none., type: str, default: "", no_log: true}
-author: hybrid-moe-kit
+      api_key: {description: Bearer token; empty sends none; never logged., type: str, default: ""}
+author: hybrid-moe-kit developers (@hybrid-moe-kit)
+"""
+
+EXAMPLES = r"""
+- name: The engine answers /health and a one-line chat completion
+  hmk.moe_kit.hmk_inference_gate:
+    unit: hmk-inference.service
+    url: http://127.0.0.1:8080/health
+    timeout: 1800
+    since: "{{ engine_state.now }}"
+    smoke:
+      url: http://127.0.0.1:8080/v1/chat/completions
+      model: qwen3-235b-a22b
+      prompt: Say OK.
+      api_key: "{{ vault_inference_api_key }}"
+  no_log: true
 """
 
 RETURN = r"""
@@ -86,7 +101,7 @@ def unit_state(module, unit):
 def verdict(first, now):
     """Why the start failed, judged from two `systemctl show` readings, or None while it may still come up."""
     if now.get("ActiveState") == "failed" or (now.get("ActiveState") == "inactive" and now.get("Result") not in
-                                               (None, "", "success")):
+                                              (None, "", "success")):
         return "the unit failed (result %s, exit status %s)" % (now.get("Result"), now.get("ExecMainStatus"))
     if int(now.get("NRestarts") or 0) > int(first.get("NRestarts") or 0) or now.get("SubState") == "auto-restart":
         return "the engine exited and systemd is restarting it (exit status %s)" % now.get("ExecMainStatus")
@@ -134,7 +149,7 @@ def main():
                 url=dict(type="str", required=True),
                 model=dict(type="str", required=True),
                 prompt=dict(type="str", required=True),
-                max_tokens=dict(type="int", default=8),
+                max_tokens=dict(type="int", default=8, no_log=False),
                 timeout=dict(type="int", default=300),
                 api_key=dict(type="str", default="", no_log=True),
             )),

@@ -34,7 +34,24 @@ options:
     type: list
     elements: path
     default: []
-author: hybrid-moe-kit
+author: hybrid-moe-kit developers (@hybrid-moe-kit)
+"""
+
+EXAMPLES = r"""
+- name: The running engine is compared with the configuration it should run
+  hmk.moe_kit.hmk_inference_state:
+    unit: hmk-inference.service
+    argv: [/opt/hmk/engines/current/bin/llama-server, --model, /srv/models/model.gguf, --port, "8080"]
+    binary: /opt/hmk/engines/current/bin/llama-server
+    files: [/etc/systemd/system/hmk-inference.service, /etc/hmk/inference.args]
+  register: engine_state
+  check_mode: false
+
+- name: The engine restarts only when it runs something else than configured
+  ansible.builtin.systemd_service:
+    name: hmk-inference.service
+    state: restarted
+  when: engine_state.drift | length > 0
 """
 
 RETURN = r"""

@@ -65,9 +65,9 @@ options:
     type: str
     required: true
   http_token:
-    description: Bearer token for HTTP and the Hub; sent only in the request header to the first URL's host (not after a redirect to another host), never on a command line.
+    description: Bearer token for HTTP and the Hub; sent only in the request header to the first URL's host (not after a redirect
+      to another host), never on a command line, never logged.
     type: str
-    no_log: true
   http_follow_redirects:
     description: Follow up to 5 redirects, never from https to http; off keeps every request on the configured host.
     type: bool
@@ -121,7 +121,7 @@ options:
     description: Mode of the published files (octal string).
     type: str
     default: "0644"
-author: hybrid-moe-kit
+author: hybrid-moe-kit developers (@hybrid-moe-kit)
 """
 
 EXAMPLES = r"""

@@ -80,7 +80,7 @@ options:
       - A GGUF model (its first split) whose tensor table is read with the kit's GGUF reader, as
         M(hmk.moe_kit.hmk_gguf_layout) reads it; a file that is not GGUF fails the task.
     type: path
-author: hybrid-moe-kit
+author: hybrid-moe-kit developers (@hybrid-moe-kit)
 """
 
 EXAMPLES = r"""

@@ -34,7 +34,7 @@ options:
     type: int
     default: 650
 requirements: [matplotlib]
-author: hybrid-moe-kit
+author: hybrid-moe-kit developers (@hybrid-moe-kit)
 """
 
 EXAMPLES = r"""

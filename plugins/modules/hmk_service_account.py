@@ -36,7 +36,16 @@ options:
     description: The variable the group name came from, named in refusals.
     type: str
     default: service group
-author: hybrid-moe-kit
+author: hybrid-moe-kit developers (@hybrid-moe-kit)
+"""
+
+EXAMPLES = r"""
+- name: The inference service's system account exists
+  hmk.moe_kit.hmk_service_account:
+    name: hmk-inference
+    group: hmk-inference
+    user_var: inference_service_user
+    group_var: inference_service_group
 """
 
 RETURN = r"""
@@ -61,6 +70,7 @@ import pwd
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_validate import MARK, account_pending, account_problems
+
 
 def main():
     module = AnsibleModule(

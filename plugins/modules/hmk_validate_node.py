@@ -40,7 +40,28 @@ options:
     type: list
     elements: dict
     default: []
-author: hybrid-moe-kit
+author: hybrid-moe-kit developers (@hybrid-moe-kit)
+"""
+
+EXAMPLES = r"""
+- name: The node can take these inputs (paths, sysctl keys, ports, accounts)
+  hmk.moe_kit.hmk_validate_node:
+    paths:
+      - {var: model_path, path: /srv/models/model.gguf, type: file}
+    sysctl_keys:
+      var: kernel_tuning_sysctl
+      keys: [vm.swappiness, kernel.numa_balancing]
+    ports:
+      - {var: inference_service_port, port: 8080, host: 127.0.0.1, unit: hmk-inference.service}
+    accounts:
+      - {name: hmk-inference, user_var: inference_service_user, group_var: inference_service_group}
+  check_mode: false
+  register: node_check
+
+- name: Nothing is refused
+  ansible.builtin.assert:
+    that: node_check.refusals | length == 0
+    fail_msg: "{{ node_check.refusals | join(' ') }}"
 """
 
 RETURN = r"""
@@ -176,9 +197,9 @@ def check_ports(items):
         held = port_holders(int(item["port"]), item.get("host", "0.0.0.0"), listeners, {})
         if not held:
             continue
-        owners = _socket_owners([inode for _, inode, _ in held])
+        owners = _socket_owners([inode for _unused, inode, _unused in held])
         unit = item.get("unit") or ""
-        others = [(address, owners.get(inode, "")) for address, inode, _ in held
+        others = [(address, owners.get(inode, "")) for address, inode, _unused in held
                   if not (unit and owners.get(inode, "").startswith(unit + " "))]
         if others:
             described = ", ".join("%s on %s" % (owner or "a process this node cannot see (another container or "
@@ -191,7 +212,7 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             paths=dict(type="list", elements="dict", default=[]),
-            sysctl_keys=dict(type="dict", default={}),
+            sysctl_keys=dict(type="dict", default={}, no_log=False),
             ports=dict(type="list", elements="dict", default=[]),
             accounts=dict(type="list", elements="dict", default=[]),
         ),

@@ -98,7 +98,7 @@ if command -v lspci >/dev/null 2>&1; then lspci_count=$(lspci -n -d 10de: | awk 
 link=""
 for b in $sysfs_bdf; do
   d=/sys/bus/pci/devices/$b
-  link="$link $b x$(cat "$d/current_link_width" 2>/dev/null || echo ?)/x$(cat "$d/max_link_width" 2>/dev/null || echo ?) $(cat "$d/current_link_speed" 2>/dev/null | tr -d ' ' || echo ?) numa $(cat "$d/numa_node" 2>/dev/null || echo ?);"
+  link="$link $b x$(cat "$d/current_link_width" 2>/dev/null || echo ?)/x$(cat "$d/max_link_width" 2>/dev/null || echo ?) $({ tr -d ' ' < "$d/current_link_speed"; } 2>/dev/null || echo ?) numa $(cat "$d/numa_node" 2>/dev/null || echo ?);"
 done
 if [ "$sysfs_count" -ge "$GPU_COUNT" ] && { [ "$lspci_count" = - ] || [ "$lspci_count" -ge "$GPU_COUNT" ]; }; then
   record pci PASS "sysfs $sysfs_count, lspci $lspci_count NVIDIA display device(s):$link"
@@ -113,12 +113,12 @@ fi
 if $HELPER devices > "$OUT/devices.json" 2>&1; then
   record devices PASS "$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["naming"], "-", ", ".join(d["names"]))' "$OUT/devices.json")"
 else
-  record devices FAIL "$(cat "$OUT/devices.json" | head -c 600)"
+  record devices FAIL "$(head -c 600 "$OUT/devices.json")"
 fi
 
 # ----------------------------------------------------------------------------------------------- toolkit
 NVCC=""
-for c in $(command -v nvcc 2>/dev/null) $(ls -d /usr/local/cuda-*/bin/nvcc 2>/dev/null | sort -V -r) /usr/local/cuda/bin/nvcc; do
+for c in $(command -v nvcc 2>/dev/null) $(compgen -G '/usr/local/cuda-*/bin/nvcc' | sort -V -r) /usr/local/cuda/bin/nvcc; do
   [ -x "$c" ] && { NVCC=$c; break; }
 done
 if [ -z "$NVCC" ]; then

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The kit's own Python for tests/gpu/acceptance.sh: every judgement the acceptance makes on the GPU machine is
 made by the code the roles run (plugins/), not re-implemented in shell. Needs only python3 (no Ansible, no
 PyYAML: the role data it needs comes as JSON in the bundle, written by scripts/make-gpu-bundle).

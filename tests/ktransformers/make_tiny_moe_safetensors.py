@@ -61,7 +61,7 @@ def tensors_of_layer(rng, layer, cfg):
         count = 1
         for dim in shape:
             count *= dim
-        return [rng.gauss(0.0, scale) for _ in range(count)]
+        return [rng.gauss(0.0, scale) for _unused in range(count)]
 
     out = []
     for expert in range(experts):
@@ -85,7 +85,7 @@ def write_safetensors(path, tensors):
     with open(path + ".tmp", "wb") as handle:
         handle.write(struct.pack("<Q", len(blob)))
         handle.write(blob)
-        for _, _, _, data in tensors:
+        for _unused, _unused, _unused, data in tensors:
             handle.write(data)
     os.replace(path + ".tmp", path)
 

@@ -89,7 +89,7 @@ def main():
     args = parser.parse_args()
 
     import kt_kernel
-    import kt_kernel.experts_base as experts_base
+    from kt_kernel import experts_base
     from kt_kernel import KTMoEWrapper
 
     cpu_only = not hasattr(kt_kernel.kt_kernel_ext.CPUInfer, "submit_with_cuda_stream")

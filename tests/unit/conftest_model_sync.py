@@ -1,5 +1,4 @@
 """Helpers shared by the model_sync and tiny-GGUF tests (imported explicitly; tests/unit/conftest.py is not ours)."""
-import importlib.util
 import json
 import os
 import socket

@@ -39,7 +39,7 @@ def _layout(arch, metadata, tensors, expert_names):
                 expert_bytes[layer] = expert_bytes.get(layer, 0) + size
         else:
             named[name] = size
-    total = sum(size for _, size in tensors)
+    total = sum(size for _unused, size in tensors)
     experts = sum(expert_bytes.values())
     return {"architecture": arch, "metadata": metadata,
             "expert_bytes": {str(k): v for k, v in sorted(expert_bytes.items())},

@@ -52,7 +52,7 @@ def test_upgrade_remembers_the_build_before_building():
 
 def test_upgrade_builds_then_gates_and_rolls_back_then_fails():
     block = _block(_play("upgrade.yml"))
-    assert [(r, f) for r, f, _ in _includes(block["block"])] == [("llama_build", None), ("inference_service", None)]
+    assert [(r, f) for r, f, _unused in _includes(block["block"])] == [("llama_build", None), ("inference_service", None)]
     rescue = block["rescue"]
     included = _includes(rescue)
     rollback = [v for r, f, v in included if r == "llama_build" and f is None]
@@ -65,11 +65,11 @@ def test_upgrade_builds_then_gates_and_rolls_back_then_fails():
 def test_upgrade_drains_and_restores_the_node_on_the_gateways():
     block = _block(_play("upgrade.yml"))
     # Drained once the new build exists (the node served while it compiled), before the restart; back after the gate.
-    assert [(r, f) for r, f, _ in _includes(block["block"], gateway=True)] == [
+    assert [(r, f) for r, f, _unused in _includes(block["block"], gateway=True)] == [
         ("llama_build", None), ("gateway", "drain.yml"), ("inference_service", None), ("gateway", "restore.yml")]
     # A node that rolled back serves the remembered build: it goes back into rotation before the node fails.
     rescue = _includes(block["rescue"], gateway=True)
-    assert [(r, f) for r, f, _ in rescue[-2:]] == [("inference_service", None), ("gateway", "restore.yml")]
+    assert [(r, f) for r, f, _unused in rescue[-2:]] == [("inference_service", None), ("gateway", "restore.yml")]
     assert "ansible.builtin.fail" in block["rescue"][-1]
 
 
@@ -88,9 +88,9 @@ def test_model_swap_is_rolling_and_restores_the_old_model():
 
 def test_model_swap_drains_and_restores_the_node_on_the_gateways():
     block = _block(_play("model-swap.yml"))
-    assert [(r, f) for r, f, _ in _includes(block["block"], gateway=True)] == [
+    assert [(r, f) for r, f, _unused in _includes(block["block"], gateway=True)] == [
         ("model_sync", None), ("gateway", "drain.yml"), ("inference_service", None), ("gateway", "restore.yml")]
-    assert [(r, f) for r, f, _ in _includes(block["rescue"], gateway=True)] == [
+    assert [(r, f) for r, f, _unused in _includes(block["rescue"], gateway=True)] == [
         ("inference_service", None), ("gateway", "restore.yml")]
 
 

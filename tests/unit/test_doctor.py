@@ -189,7 +189,7 @@ def test_text_and_markdown_show_rank_evidence_and_fix():
 
 def test_filter_plugin_exports():
     assert set(doctor.FilterModule().filters()) == {"doctor_diagnose", "doctor_failing", "doctor_text",
-                                                   "doctor_markdown", "doctor_systemctl_show"}
+                                                    "doctor_markdown", "doctor_systemctl_show"}
 
 
 # ------------------------------------------------------------------------------------ service
@@ -252,7 +252,7 @@ def test_refused_flags_name_the_replacement(line, flag, fix_part):
 
 
 def test_argparse_line_yields_every_unrecognized_flag_once_and_no_values():
-    assert [f for f, _ in doctor.rejected_flags([
+    assert [f for f, _unused in doctor.rejected_flags([
         "error: unrecognized arguments: --tensor-parallel-size 4 --power-throttle 380",
         "error: unrecognized arguments: --power-throttle 380"])] == ["--tensor-parallel-size", "--power-throttle"]
     assert "nvidia_driver_power_limit_w" in doctor.flag_fix("--power-throttle")
@@ -381,7 +381,7 @@ def test_gpu_without_module_is_critical():
 def test_nvidia_smi_failing_with_module_loaded_is_critical():
     raw = healthy()
     raw["nvidia_smi"] = {"rc": 15, "stdout": "", "stderr": "Unable to determine the device handle for GPU0000:01:00.0: "
-                                                          "Unknown Error"}
+                         "Unknown Error"}
     finding = doctor.check_nvidia_driver(raw)
     assert finding["title"] == "nvidia-smi fails with the driver loaded"
     assert finding["evidence"] == ("kernel module 570.86.15; nvidia-smi rc=15: Unable to determine the device handle "

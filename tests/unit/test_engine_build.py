@@ -221,7 +221,7 @@ def test_argument_spec_and_defaults_agree_on_the_pin():
     spec = _yaml("roles/llama_build/meta/argument_specs.yml")["argument_specs"]["main"]["options"]
     assert spec["llama_build_version"]["default"] == LLAMA_DEFAULTS["llama_build_version"]
     assert LLAMA_DEFAULTS["llama_build_version"] == "55d3c05bf7b377deaa5dc84d255d9740a345a206"
-    assert set(spec) >= {k for k in LLAMA_DEFAULTS}
+    assert set(spec) >= set(LLAMA_DEFAULTS)
 
 
 def test_build_key_changes_with_commit_flags_and_targets_only():

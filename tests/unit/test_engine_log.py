@@ -222,7 +222,7 @@ def test_the_experts_each_gpu_logged_are_compared_with_the_plans_layers():
     plan["plan"]["gpus"][13]["layers"] = [54, 55, 56]
     plan["plan"]["gpus"][14]["layers"] = [57, 58, 59, 60]
     plan["override_tensor"] = plan["plan"]["rules"] = [r"blk\.(54|55|56)\.=CUDA13", r"blk\.(57|58|59|60)\.=CUDA14",
-                                                        "exps=CPU"]
+                                                       "exps=CPU"]
     checks = {c["detail"]: c["status"] for c in elog.evaluate(facts, plan)["checks"] if c["check"] == "expert_layers"}
     assert checks["CUDA13 holds the experts of layers [54, 55, 56]"] == "pass"
     assert checks["CUDA14 holds the experts of layers [57, 58, 59, 60]"] == "pass"

@@ -354,9 +354,9 @@ def test_numactl_compressed_and_range_formats():
 
 def test_sysfs_nodes_with_packages_judge_nps_per_socket():
     nodes = {"0": {"cpus": "0-15", "size_mb": 100, "packages": [0]}, "1": {"cpus": "16-31", "size_mb": 100,
-                                                                        "packages": [0]},
+                                                                           "packages": [0]},
              "2": {"cpus": "32-63", "size_mb": 200, "packages": [1]}, "3": {"cpus": "", "size_mb": 512,
-                                                                         "packages": []}}
+                                                                            "packages": []}}
     layout = hw.numa_layout(nodes)
     assert layout["per_socket"] == {"0": [0, 1], "1": [2]} and layout["memory_only"] == [{"node": 3, "size_mb": 512}]
     verdict = hw.judge_nps({"cpu": {"sockets": 2}, "numa": {"nodes": nodes}}, ANY)

@@ -12,7 +12,6 @@ from ansible_collections.hmk.moe_kit.plugins.modules import hmk_probe as m
 from module_process import run_module
 
 
-
 def run(tmp_path, check=False, **args):
     args.update(_ansible_check_mode=check)
     return run_module("hmk_probe", tmp_path, args)
@@ -133,7 +132,7 @@ def test_systemctl_show_blocks_are_matched_to_units_in_order():
             "LoadState=not-found\nUnitFileState=\nActiveState=inactive\nSubState=dead\n")
     out = m.parse_systemctl_show(text, ["hmk-model-rehash.timer", "hmk-model-peer.service"])
     assert out["hmk-model-rehash.timer"] == {"LoadState": "loaded", "UnitFileState": "enabled", "ActiveState": "active",
-                                              "SubState": "waiting"}
+                                             "SubState": "waiting"}
     assert out["hmk-model-peer.service"]["LoadState"] == "not-found"
     assert m.parse_systemctl_show("", ["a.service"])["a.service"]["ActiveState"] == "inactive"
 
@@ -162,7 +161,7 @@ def test_git_commit_reads_the_local_checkout_only(tmp_path):
 
 def test_the_module_answers_everything_in_one_run_and_changes_nothing(tmp_path):
     root = build_tree(tmp_path)
-    before = sorted(os.path.join(d, f) for d, _, files in os.walk(str(root)) for f in files)
+    before = sorted(os.path.join(d, f) for d, _unused, files in os.walk(str(root)) for f in files)
     out = run(tmp_path, check=True,
               paths=[str(root / "current"), str(root / "current/bin/llama-server"), str(root / "none")],
               read=[str(root / "current/build-record.json"), str(root / "builds/bbb/build-record.json")],
@@ -179,7 +178,7 @@ def test_the_module_answers_everything_in_one_run_and_changes_nothing(tmp_path):
     assert out["git"][0]["rc"] != 0
     if os.path.exists("/proc/cpuinfo"):
         assert out["cpu_flags"].split(":")[0].strip() in ("flags", "Features")
-    assert sorted(os.path.join(d, f) for d, _, files in os.walk(str(root)) for f in files) == before
+    assert sorted(os.path.join(d, f) for d, _unused, files in os.walk(str(root)) for f in files) == before
 
 
 def test_the_module_fails_with_the_path_on_an_unreadable_answer(tmp_path):

@@ -7,10 +7,8 @@ import importlib.util
 import inspect
 import json
 import os
-import pwd
 import subprocess
 import time
-import grp
 from collections import namedtuple
 from pathlib import Path
 
@@ -218,8 +216,10 @@ PROC_NET_TCP = """  sl  local_address rem_address   st tx_queue rx_queue tr tm->
    0: 0100007F:0952 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 31337 1 0000000000000000 100 0 0 10 0
    1: 0100007F:0952 0100007F:D3A4 01 00000000:00000000 02:0000A1F0 00000000     0        0 31338 2 0000000000000000 20 4 30 10 -1
 """
-PROC_NET_TCP6 = """  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
-   0: 00000000000000000000000000000000:4877 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000   998        0 4242 1 0000000000000000 100 0 0 10 0
+PROC_NET_TCP6 = """  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  \
+timeout inode
+   0: 00000000000000000000000000000000:4877 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000   998        0 4242 1 \
+0000000000000000 100 0 0 10 0
 """
 
 
@@ -332,7 +332,7 @@ def test_the_dry_parse_swaps_the_model_and_finds_the_parsers_refusals():
     refused_output = ("error: unknown argument: --hmk-no-such-flag\nusage: /x/llama-server [options]\n\n"
                       "general:\n  -h,    --help, --usage          print usage and exit\n")
     assert svc.dry_parse_errors(refused_output)[:2] == ["error: unknown argument: --hmk-no-such-flag",
-                                                          "usage: /x/llama-server [options]"]
+                                                        "usage: /x/llama-server [options]"]
     accepted_output = ("INFO [main] build info | build=4411 commit=\"55d3c05\"\n"
                        "llama_model_load: error loading model: failed to open /nonexistent/hmk-dry-parse.gguf\n"
                        "ERR [main] unable to load model | model=\"/nonexistent/hmk-dry-parse.gguf\"\n")

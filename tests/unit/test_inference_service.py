@@ -148,7 +148,7 @@ def test_r1_on_milan_4x4090_keeps_each_gpus_experts_inside_the_layers_it_holds()
 
 
 def test_first_match_wins_order_sends_each_tensor_where_the_plan_says():
-    _, plan = argv_for(r1_layout(), MILAN_4X4090, MILAN_FACTS)
+    _unused, plan = argv_for(r1_layout(), MILAN_4X4090, MILAN_FACTS)
     rules = plan["rules"]
     assert svc.rule_buffer(rules, "blk.3.ffn_up_exps.weight") == "CUDA0"
     assert svc.rule_buffer(rules, "blk.17.ffn_down_exps.weight") == "CUDA1"
@@ -170,21 +170,21 @@ def test_twin_cpu_only_gets_no_gpu_rule_only_the_harmless_catch_all():
 
 
 def test_mainline_gets_no_mla_no_amb_no_fmoe_but_fa_on():
-    argv, _ = argv_for(r1_layout(), GENOA_4090, GENOA_FACTS, accepted=MAINLINE, engine="llama.cpp")
+    argv, _unused = argv_for(r1_layout(), GENOA_4090, GENOA_FACTS, accepted=MAINLINE, engine="llama.cpp")
     assert "-mla" not in argv and "-amb" not in argv and "-fmoe" not in argv
     assert value(argv, "-fa") == "on"
 
 
 def test_an_old_ik_commit_gets_the_bare_switches_it_had():
-    argv, _ = argv_for(r1_layout(), GENOA_4090, GENOA_FACTS, accepted=IK_OLD)
+    argv, _unused = argv_for(r1_layout(), GENOA_4090, GENOA_FACTS, accepted=IK_OLD)
     assert argv[argv.index("-fa") + 1].startswith("-")  # bare -fa
     assert "-fmoe" in argv
 
 
 def test_flag_names_from_a_build_record_render_the_same_as_the_table():
     names = [item["flag"] for item in IK_PINNED["accepted"]]
-    by_table, _ = argv_for(r1_layout(), GENOA_4090, GENOA_FACTS)
-    by_names, _ = argv_for(r1_layout(), GENOA_4090, GENOA_FACTS, accepted=names)
+    by_table, _unused = argv_for(r1_layout(), GENOA_4090, GENOA_FACTS)
+    by_names, _unused = argv_for(r1_layout(), GENOA_4090, GENOA_FACTS, accepted=names)
     assert by_table == by_names
 
 
@@ -195,7 +195,7 @@ def test_a_flag_the_engine_version_lacks_is_an_error_not_a_silent_drop():
 
 
 def test_multi_numa_node_boxes_get_numa_distribute():
-    argv, _ = argv_for(r1_layout(), GENOA_4090, GENOA_FACTS, numa_nodes=4)
+    argv, _unused = argv_for(r1_layout(), GENOA_4090, GENOA_FACTS, numa_nodes=4)
     assert value(argv, "--numa") == "distribute"
 
 
@@ -206,7 +206,7 @@ def test_extra_arguments_cannot_bring_rtr_or_a_key_on_the_command_line(extra):
 
 
 def test_the_api_key_goes_by_file():
-    argv, _ = argv_for(r1_layout(), GENOA_4090, GENOA_FACTS, api_key_file="/run/hmk-inference/api-key")
+    argv, _unused = argv_for(r1_layout(), GENOA_4090, GENOA_FACTS, api_key_file="/run/hmk-inference/api-key")
     assert value(argv, "--api-key-file") == "/run/hmk-inference/api-key"
     assert "--api-key" not in argv
 
@@ -253,7 +253,7 @@ def test_kv_cache_sizes_match_the_brief():
 
 
 def test_the_plan_is_readable():
-    _, plan = argv_for(r1_layout(), MILAN_4X4090, MILAN_FACTS)
+    _unused, plan = argv_for(r1_layout(), MILAN_4X4090, MILAN_FACTS)
     text = svc.plan_markdown(plan, "R1")
     assert "| CUDA1 | 15-29 | 15|16|17 |" in text and "| CUDA3 | 46-60 + output | 46|47|48 |" in text
     assert "    -ot exps=CPU" in text and "    -ts " in text
@@ -360,7 +360,7 @@ def test_reader_follows_every_split(tmp_path):
     _tiny(tmp_path, "--arch", "qwen3moe", "-o", str(tmp_path / "q.gguf"), "--split", "3")
     paths = [str(tmp_path / ("q-%05d-of-00003.gguf" % i)) for i in (1, 2, 3)]
     layout = gguf_layout.layout(paths[0])
-    experts, _ = _gguf_truth(paths)
+    experts, _unused = _gguf_truth(paths)
     assert [f["path"] for f in layout["files"]] == paths
     assert layout["expert_bytes"] == experts and len(experts) == 4
     assert layout["metadata"]["head_count_kv"] == 2

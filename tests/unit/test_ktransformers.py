@@ -158,7 +158,7 @@ def test_the_model_architecture_comes_from_the_models_own_files():
 
 def test_every_kt_package_at_the_pins_version():
     assert kt.kt_package_pins(["numpy", "sglang-kt==0.7.2", "kt_kernel==0.7.0"]) == {"sglang-kt": "0.7.2",
-                                                                                      "kt-kernel": "0.7.0"}
+                                                                                     "kt-kernel": "0.7.0"}
     reasons = kt.guardrails(request(kt_version="0.7.0", package_versions={"sglang-kt": "0.7.2"}))
     assert refused(reasons, "every kt package must be at the pin's version 0.7.0")
     assert kt.guardrails(request(kt_version="0.7.0", package_versions={"sglang-kt": "0.7.0"})) == []

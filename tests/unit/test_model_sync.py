@@ -355,7 +355,7 @@ class _Recorder(BaseHTTPRequestHandler):
 @pytest.fixture
 def origins():
     servers = []
-    for _ in range(2):
+    for _unused in range(2):
         server = ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
         server.seen, server.target = [], ""
         threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -399,7 +399,7 @@ def test_a_head_returns_the_redirect_unfollowed_with_lower_cased_headers_and_the
 
 @pytest.mark.parametrize("value", ["\n", "\r", "\x00", "\x1b", "\x7f", "\x85", "\u2028"])
 def test_a_request_with_a_control_character_in_the_url_or_the_token_is_refused_before_connecting(origins, value):
-    first, _ = origins
+    first, _unused = origins
     url = "http://127.0.0.1:%d/" % first.server_address[1]
     for call in (lambda: hmk.http_head(url + "a" + value, None), lambda: hmk.http_head(url + "a", "tok" + value),
                  lambda: hmk.open_http(url + "b" + value, 0, None, False),
@@ -410,7 +410,7 @@ def test_a_request_with_a_control_character_in_the_url_or_the_token_is_refused_b
 
 
 def test_a_server_that_ignores_the_range_is_refused_and_not_retried(origins, tmp_path):
-    _, second = origins
+    _unused, second = origins
     partial = tmp_path / "z.partial"
     partial.write_bytes(_Recorder.BODY[:100])
     source = hmk.Source("http", "http://127.0.0.1:%d" % second.server_address[1], retries=2, retry_delay=0)

@@ -201,7 +201,7 @@ def test_ktransformers_has_no_bench_to_tune_with():
 @pytest.mark.parametrize("layout, profile", [(qwen3_layout(), GENOA_5090), (r1_layout(), MILAN_4X4090)])
 def test_every_trial_that_runs_stays_inside_the_placement_plan_s_vram(layout, profile):
     state = state_for(layout, profile, kind="mix", cores=64 if profile is MILAN_4X4090 else 32)
-    state, _ = run_search(state, lambda v: (100 + v["ubatch"] / 100.0, 10 + v["gpu_layers"]))
+    state, _unused = run_search(state, lambda v: (100 + v["ubatch"] / 100.0, 10 + v["gpu_layers"]))
     ran = [t for t in state["trials"] if t["verdict"] != "skipped"]
     assert len(ran) > 5
     for trial in ran:
@@ -276,7 +276,7 @@ def test_coordinate_descent_finds_the_best_of_a_landscape_and_keeps_the_service_
         pp = 100.0 * v["ubatch"] / 2048 + (5.0 if v["threads_batch"] == 32 else 0.0)
         return pp, tg
 
-    state, _ = run_search(state, landscape)
+    state, _unused = run_search(state, landscape)
     best = state["trials"][state["incumbent"]["trial"]]["values"]
     assert best["threads"] == 28 and best["gpu_layers"] == 14 and best["ubatch"] == 2048
     assert best["threads_batch"] == 32  # searched after -t moved, so it no longer follows -t
@@ -293,13 +293,13 @@ def test_coordinate_descent_finds_the_best_of_a_landscape_and_keeps_the_service_
 
 def test_a_gain_inside_the_noise_margin_keeps_the_incumbent():
     state = twin_state(kind="tg")
-    state, _ = run_search(state, lambda v: (None, 100.0 * (1.02 if v["threads"] == 2 else 1.0)))
+    state, _unused = run_search(state, lambda v: (None, 100.0 * (1.02 if v["threads"] == 2 else 1.0)))
     assert state["incumbent"]["trial"] == 0
 
 
 def test_a_failing_candidate_is_recorded_and_passed_over():
     state = twin_state(kind="mix")
-    state, _ = run_search(state, lambda v: (500.0, 50.0 * (2 if v["rtr"] else 1)), fail=lambda v: v["ubatch"] == 256)
+    state, _unused = run_search(state, lambda v: (500.0, 50.0 * (2 if v["rtr"] else 1)), fail=lambda v: v["ubatch"] == 256)
     failed = [t for t in state["trials"] if t["verdict"] == "failed"]
     assert len(failed) == 1 and "out of memory" in failed[0]["reason"]
     assert state["trials"][state["incumbent"]["trial"]]["values"]["rtr"] is True
@@ -338,7 +338,7 @@ def test_the_service_renders_the_tuned_batch_threads_numa_mode_and_repacking():
 
 def _result(**changes):
     state = twin_state(kind="mix")
-    state, _ = run_search(state, lambda v: (500.0 * v["threads"], 50.0))
+    state, _unused = run_search(state, lambda v: (500.0 * v["threads"], 50.0))
     facts = {"host": "tune-monitoring", "now": 1100, "date": "2026-12-02T10:00:00Z", "engine": "ik_llama.cpp",
              "build": "7e0c0f7f87e3-5a2b9c1d", "commit": "7e0c0f7f87e3ee9d48862d6a5adcf42c9ed8ecbe",
              "model": "/srv/models/tiny-deepseek2/tiny-deepseek2.gguf", "model_bytes": 15414624,
@@ -408,7 +408,7 @@ def test_the_contract_refuses_what_tuning_never_writes(vars_, message):
 
 def test_a_search_without_a_working_baseline_records_nothing():
     state = twin_state(kind="tg")
-    state, _ = run_search(state, lambda v: (None, None))
+    state, _unused = run_search(state, lambda v: (None, None))
     result = tune.summary(state, {"host": "h", "now": 1100})
     assert result["ok"] is False and "vars" not in result
     with pytest.raises(ERR, match="nothing to record"):
@@ -427,6 +427,6 @@ def test_every_tunable_the_contract_allows_is_a_variable_of_the_inference_servic
 def test_the_state_is_plain_data_ansible_can_carry_between_tasks():
     import json
     state = twin_state()
-    state, _ = run_search(state, lambda v: (500.0, 50.0))
+    state, _unused = run_search(state, lambda v: (500.0, 50.0))
     assert json.loads(json.dumps(state)) == state
     assert list(itertools.islice(state["trials"], 1))[0]["dimension"] == "baseline"

@@ -111,7 +111,7 @@ def test_topology_rejects(cpus, threads, numa, mem, match):
 def test_tcg_runs_vcpus_round_robin_when_they_outnumber_the_host_cores():
     accel, cpu, note = twin.accelerator(2, False, 2)
     assert accel == ["-accel", "tcg,thread=multi,tb-size=128"] and cpu == "Nehalem" and "round-robin" not in note
-    accel, _, note = twin.accelerator(8, False, 2)
+    accel, _unused, note = twin.accelerator(8, False, 2)
     assert accel == ["-accel", "tcg,thread=single,tb-size=128"] and "8 vCPUs on 2 host cores" in note
     assert twin.accelerator(8, True, 2)[:2] == (["-accel", "kvm"], "host")
 

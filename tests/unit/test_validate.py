@@ -37,11 +37,134 @@ MILAN_4X4090 = _profile("inventories/production/group_vars/milan_4gpu/hardware.y
 TWIN = _profile("inventories/lab/group_vars/twins/hardware.yml")
 
 # `llama-bench --help` of the ik_llama.cpp build molecule/inference_service makes (pinned fixture commit 7e0c0f7).
-IK_BENCH_HELP = "usage: /opt/hmk/engines/ik_llama.cpp/current/bin/llama-bench [options]\n\noptions:\n  -h, --help\n  -m, --model <filename>              (default: models/7B/ggml-model-q4_0.gguf)\n  -p, --n-prompt <n>                  (default: 512)\n  -n, --n-gen <n>                     (default: 128)\n  -pg <pp,tg>                         (default: )\n  -gp <pp,tg>                         (default: )\n  -b, --batch-size <n>                (default: 2048)\n  -ub, --ubatch-size <n>              (default: 512)\n  -ctk, --cache-type-k <t>            (default: f16)\n  -ctv, --cache-type-v <t>            (default: f16)\n  -t, --threads <n>                   (default: {2, 2})\n  -tgb, --threads-gen-batch <n1,n2>   (default: {2, 2})\n  -ngl, --n-gpu-layers <n>            (default: 999)\n  --n-cpu-moe <n>                     (default: none)\n  -rpc, --rpc <rpc_servers>           (default: )\n  -sm, --split-mode <none|layer|graph>(default: layer)\n  -mg, --main-gpu <i>                 (default: 0)\n  -nkvo, --no-kv-offload <0|1>        (default: 0)\n  -fa, --flash-attn <0|1>             (default: 1)\n  -mla, --mla-attn <0|1|2>            (default: 3)\n  -amb, --attn-max-batch <i>          (default: 0)\n  -ser, --smart-expert-reduction <i,f>(default: 0)\n  -gr, --graph-reuse <0|1>            (default: 1)\n  -mmp, --mmap <0|1>                  (default: 1)\n  --numa <distribute|isolate|numactl> (default: disabled)\n  -embd, --embeddings <0|1>           (default: 0)\n  -ts, --tensor-split <ts0/ts1/..>    (default: 0)\n  -r, --repetitions <n>               (default: 5)\n  -o, --output <csv|json|md|sql>      (default: md)\n  -oe, --output-err <csv|json|md|sql> (default: none)\n  -v, --verbose                       (default: 0)\n  -w, --warmup <0|1>                  (default: 1)\n  -rtr, --run-time-repack <0|1>       (default: 0)\n  -cuda, --cuda-params <string>       (default: )\n  -mqkv, --merge-qkv                  (default: 0)\n  -muge, --merge-up-gate-experts      (default: 0)\n  -rcache, --rope-cache               (default: 0)\n  -thp, --transparent-huge-pages <0|1> (default: 0)\n  -ot, --override-tensor pattern      (default: none)\n  -fmoe, --fused-moe <0|1>            (default: 1)\n  -ger, --grouped-expert-routing <0|1>(default: 0)\n  -no-fug, --no-fused-up-gate <0|1>   (default: 0)\n  -no-ooae, --no-offload-only-active-experts <0|1>   (default: 0)\n  -sas, --scheduler-async <0|1>       (default: 0)\n  --fit <0|1>                         (default: 0)\n  --fit-margin N                      (default: 0)\n  --max-gpu <N>                       (default: 0)\n        --print-overrides <0|1>       (default: 0)\n\nMultiple values can be given for each parameter by separating them with ',' or by specifying the parameter multiple times.\n"
+IK_BENCH_HELP = (
+    "usage: /opt/hmk/engines/ik_llama.cpp/current/bin/llama-bench [options]\n"
+    "\n"
+    "options:\n"
+    "  -h, --help\n"
+    "  -m, --model <filename>              (default: models/7B/ggml-model-q4_0.gguf)\n"
+    "  -p, --n-prompt <n>                  (default: 512)\n"
+    "  -n, --n-gen <n>                     (default: 128)\n"
+    "  -pg <pp,tg>                         (default: )\n"
+    "  -gp <pp,tg>                         (default: )\n"
+    "  -b, --batch-size <n>                (default: 2048)\n"
+    "  -ub, --ubatch-size <n>              (default: 512)\n"
+    "  -ctk, --cache-type-k <t>            (default: f16)\n"
+    "  -ctv, --cache-type-v <t>            (default: f16)\n"
+    "  -t, --threads <n>                   (default: {2, 2})\n"
+    "  -tgb, --threads-gen-batch <n1,n2>   (default: {2, 2})\n"
+    "  -ngl, --n-gpu-layers <n>            (default: 999)\n"
+    "  --n-cpu-moe <n>                     (default: none)\n"
+    "  -rpc, --rpc <rpc_servers>           (default: )\n"
+    "  -sm, --split-mode <none|layer|graph>(default: layer)\n"
+    "  -mg, --main-gpu <i>                 (default: 0)\n"
+    "  -nkvo, --no-kv-offload <0|1>        (default: 0)\n"
+    "  -fa, --flash-attn <0|1>             (default: 1)\n"
+    "  -mla, --mla-attn <0|1|2>            (default: 3)\n"
+    "  -amb, --attn-max-batch <i>          (default: 0)\n"
+    "  -ser, --smart-expert-reduction <i,f>(default: 0)\n"
+    "  -gr, --graph-reuse <0|1>            (default: 1)\n"
+    "  -mmp, --mmap <0|1>                  (default: 1)\n"
+    "  --numa <distribute|isolate|numactl> (default: disabled)\n"
+    "  -embd, --embeddings <0|1>           (default: 0)\n"
+    "  -ts, --tensor-split <ts0/ts1/..>    (default: 0)\n"
+    "  -r, --repetitions <n>               (default: 5)\n"
+    "  -o, --output <csv|json|md|sql>      (default: md)\n"
+    "  -oe, --output-err <csv|json|md|sql> (default: none)\n"
+    "  -v, --verbose                       (default: 0)\n"
+    "  -w, --warmup <0|1>                  (default: 1)\n"
+    "  -rtr, --run-time-repack <0|1>       (default: 0)\n"
+    "  -cuda, --cuda-params <string>       (default: )\n"
+    "  -mqkv, --merge-qkv                  (default: 0)\n"
+    "  -muge, --merge-up-gate-experts      (default: 0)\n"
+    "  -rcache, --rope-cache               (default: 0)\n"
+    "  -thp, --transparent-huge-pages <0|1> (default: 0)\n"
+    "  -ot, --override-tensor pattern      (default: none)\n"
+    "  -fmoe, --fused-moe <0|1>            (default: 1)\n"
+    "  -ger, --grouped-expert-routing <0|1>(default: 0)\n"
+    "  -no-fug, --no-fused-up-gate <0|1>   (default: 0)\n"
+    "  -no-ooae, --no-offload-only-active-experts <0|1>   (default: 0)\n"
+    "  -sas, --scheduler-async <0|1>       (default: 0)\n"
+    "  --fit <0|1>                         (default: 0)\n"
+    "  --fit-margin N                      (default: 0)\n"
+    "  --max-gpu <N>                       (default: 0)\n"
+    "        --print-overrides <0|1>       (default: 0)\n"
+    "\n"
+    "Multiple values can be given for each parameter by separating them with ',' or by specifying the parameter multiple times.\n"
+)
 
 # stdout of `llama-bench -m tiny-deepseek2.gguf -t 1 -p 0 -n 8 -r 2 -o json` from the same build: ik prints its
 # "Computed blk.N.attn_k_b.weight ..." notes on stdout, between the JSON's first line and the rest.
-IK_BENCH_TG_STDOUT = '[\nComputed blk.0.attn_k_b.weight as 128 x 512 x 4 of type q8_0 and stored in buffer CPU\nComputed blk.0.attn_v_b.weight as 512 x 128 x 4 of type q8_0 and stored in buffer CPU\nComputed blk.1.attn_k_b.weight as 128 x 512 x 4 of type q8_0 and stored in buffer CPU\nComputed blk.1.attn_v_b.weight as 512 x 128 x 4 of type q8_0 and stored in buffer CPU\nComputed blk.2.attn_k_b.weight as 128 x 512 x 4 of type q8_0 and stored in buffer CPU\nComputed blk.2.attn_v_b.weight as 512 x 128 x 4 of type q8_0 and stored in buffer CPU\nComputed blk.3.attn_k_b.weight as 128 x 512 x 4 of type q8_0 and stored in buffer CPU\nComputed blk.3.attn_v_b.weight as 512 x 128 x 4 of type q8_0 and stored in buffer CPU\n  {\n    "build_commit": "7e0c0f7",\n    "build_number": 1,\n    "cuda": false,\n    "vulkan": false,\n    "kompute": false,\n    "metal": false,\n    "sycl": false,\n    "rpc": "0",\n    "gpu_blas": false,\n    "blas": false,\n    "cpu_info": "AMD EPYC",\n    "gpu_info": "",\n    "model_filename": "/srv/models/tiny-deepseek2/tiny-deepseek2.gguf",\n    "model_type": "deepseek2 ?B Q8_0",\n    "model_size": 17579968,\n    "model_n_params": 16532272,\n    "n_batch": 2048,\n    "n_ubatch": 512,\n    "n_threads": 1,\n    "type_k": "f16",\n    "type_v": "f16",\n    "n_gpu_layers": 999,\n    "split_mode": "layer",\n    "main_gpu": 0,\n    "no_kv_offload": false,\n    "flash_attn": true,\n    "mla_attn": 3,\n    "attn_max_batch": 0,\n    "ser": "-1,0",\n    "reuse": true,\n    "tensor_split": "0.00",\n    "use_mmap": true,\n    "embeddings": false,\n    "repack": false,\n    "mqkv": false,\n    "muge": false,\n    "fused_moe": true,\n    "grouped_er": false,\n    "no_fused_up_gate": false,\n    "use_thp": false,\n    "no_ooae": false,\n    "rcache": false,\n    "sas": false,\n    "max_gpu": 0,\n    "cuda_params": "",\n    "override_tensor": "",\n    "n_prompt": 0,\n    "n_gen": 8,\n    "test_time": "2026-11-30T09:49:58Z",\n    "avg_ns": 3568503,\n    "stddev_ns": 1762124,\n    "avg_ts": 2553.107215,\n    "stddev_ts": 1260.720831,\n    "test": "tg8",\n    "samples_ns": [ 4814512, 2322495 ],\n    "samples_ts": [ 1661.64, 3444.57 ]\n  }\n]\n'
+IK_BENCH_TG_STDOUT = (
+    "[\n"
+    "Computed blk.0.attn_k_b.weight as 128 x 512 x 4 of type q8_0 and stored in buffer CPU\n"
+    "Computed blk.0.attn_v_b.weight as 512 x 128 x 4 of type q8_0 and stored in buffer CPU\n"
+    "Computed blk.1.attn_k_b.weight as 128 x 512 x 4 of type q8_0 and stored in buffer CPU\n"
+    "Computed blk.1.attn_v_b.weight as 512 x 128 x 4 of type q8_0 and stored in buffer CPU\n"
+    "Computed blk.2.attn_k_b.weight as 128 x 512 x 4 of type q8_0 and stored in buffer CPU\n"
+    "Computed blk.2.attn_v_b.weight as 512 x 128 x 4 of type q8_0 and stored in buffer CPU\n"
+    "Computed blk.3.attn_k_b.weight as 128 x 512 x 4 of type q8_0 and stored in buffer CPU\n"
+    "Computed blk.3.attn_v_b.weight as 512 x 128 x 4 of type q8_0 and stored in buffer CPU\n"
+    "  {\n"
+    "    \"build_commit\": \"7e0c0f7\",\n"
+    "    \"build_number\": 1,\n"
+    "    \"cuda\": false,\n"
+    "    \"vulkan\": false,\n"
+    "    \"kompute\": false,\n"
+    "    \"metal\": false,\n"
+    "    \"sycl\": false,\n"
+    "    \"rpc\": \"0\",\n"
+    "    \"gpu_blas\": false,\n"
+    "    \"blas\": false,\n"
+    "    \"cpu_info\": \"AMD EPYC\",\n"
+    "    \"gpu_info\": \"\",\n"
+    "    \"model_filename\": \"/srv/models/tiny-deepseek2/tiny-deepseek2.gguf\",\n"
+    "    \"model_type\": \"deepseek2 ?B Q8_0\",\n"
+    "    \"model_size\": 17579968,\n"
+    "    \"model_n_params\": 16532272,\n"
+    "    \"n_batch\": 2048,\n"
+    "    \"n_ubatch\": 512,\n"
+    "    \"n_threads\": 1,\n"
+    "    \"type_k\": \"f16\",\n"
+    "    \"type_v\": \"f16\",\n"
+    "    \"n_gpu_layers\": 999,\n"
+    "    \"split_mode\": \"layer\",\n"
+    "    \"main_gpu\": 0,\n"
+    "    \"no_kv_offload\": false,\n"
+    "    \"flash_attn\": true,\n"
+    "    \"mla_attn\": 3,\n"
+    "    \"attn_max_batch\": 0,\n"
+    "    \"ser\": \"-1,0\",\n"
+    "    \"reuse\": true,\n"
+    "    \"tensor_split\": \"0.00\",\n"
+    "    \"use_mmap\": true,\n"
+    "    \"embeddings\": false,\n"
+    "    \"repack\": false,\n"
+    "    \"mqkv\": false,\n"
+    "    \"muge\": false,\n"
+    "    \"fused_moe\": true,\n"
+    "    \"grouped_er\": false,\n"
+    "    \"no_fused_up_gate\": false,\n"
+    "    \"use_thp\": false,\n"
+    "    \"no_ooae\": false,\n"
+    "    \"rcache\": false,\n"
+    "    \"sas\": false,\n"
+    "    \"max_gpu\": 0,\n"
+    "    \"cuda_params\": \"\",\n"
+    "    \"override_tensor\": \"\",\n"
+    "    \"n_prompt\": 0,\n"
+    "    \"n_gen\": 8,\n"
+    "    \"test_time\": \"2026-11-30T09:49:58Z\",\n"
+    "    \"avg_ns\": 3568503,\n"
+    "    \"stddev_ns\": 1762124,\n"
+    "    \"avg_ts\": 2553.107215,\n"
+    "    \"stddev_ts\": 1260.720831,\n"
+    "    \"test\": \"tg8\",\n"
+    "    \"samples_ns\": [ 4814512, 2322495 ],\n"
+    "    \"samples_ts\": [ 1661.64, 3444.57 ]\n"
+    "  }\n"
+    "]\n"
+)
 
 # The service's argv as the inference_service role rendered it on the twin (deployment.json of the scenario).
 TWIN_SERVER_ARGV = [
@@ -303,7 +426,7 @@ def test_a_full_report_on_genoa_has_every_field_filled_and_the_seed_beside_it():
                    "max_energy_range_uj": 262143328850}]},
               "gpu_power": {"available": True, "raw": "0, 120.0\n0, 140.0\n", "stderr": ""}}
     pp_raw = {"rc": 0, "seconds": 90.0, "command": ["llama-bench"], "bench": [{"n_prompt": 2048, "n_gen": 0, "avg_ts": 280.0, "stddev_ts": 3.0,
-                                                   "samples_ts": [277.0, 283.0]}]}
+                                                                               "samples_ts": [277.0, 283.0]}]}
     inputs = {"host": "epyc-node", "hardware": GENOA_4090, "deployment": _deployment(),
               "health": {"status": 200, "json": {"status": "ok"}},
               "completion": {"status": 200, "json": {"choices": [{"text": " Paris."}],
@@ -363,14 +486,14 @@ def test_the_membw_probe_compiles_cleanly_and_prints_its_json(tmp_path):
     binary = tmp_path / "hmk-membw"
     build = subprocess.run(["gcc", "-O3", "-march=native", "-fopenmp", "-Wall", "-Wextra", "-Werror", "-o",
                             str(binary), str(ROLE / "files" / "hmk-membw.c")],
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True, check=False)
     assert build.returncode == 0, build.stdout
     run = subprocess.run([str(binary), "16", "2"], stdout=subprocess.PIPE, universal_newlines=True, check=True,
                          env={"OMP_NUM_THREADS": "1"})
     data = json.loads(run.stdout)
     assert data["threads"] == 1 and data["array_mib"] == 16 and data["runs"] == 2
     assert data["read_gbps"] > 0 and data["triad_gbps"] > 0
-    bad = subprocess.run([str(binary), "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
+    bad = subprocess.run([str(binary), "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, check=False)
     assert bad.returncode == 2 and "positive integer" in bad.stderr
 
 

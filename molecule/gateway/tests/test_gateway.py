@@ -83,7 +83,7 @@ def load(name):
 
 
 def metric(node, name):
-    _, _, text = request(None, "/metrics", NODE_KEY, url="http://%s:%d" % node)
+    _unused, _unused, text = request(None, "/metrics", NODE_KEY, url="http://%s:%d" % node)
     values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ")]
     assert values, "no %s in the node's /metrics" % name
     return values[0]
@@ -115,13 +115,14 @@ def test_requests_through_the_gateway_reach_both_nodes(hosts, tls):
     before = {n: metric(a, "llamacpp:tokens_predicted_total") for n, a in NODES.items()}
     since = time.time()
     with ThreadPoolExecutor(2) as pool:
-        results = list(pool.map(lambda _: chat(tls), range(8)))
-    assert [s for s, _, _ in results] == [200] * 8
-    assert all(json.loads(b)["choices"][0]["message"]["content"] is not None for _, _, b in results)
+        results = list(pool.map(lambda _unused: chat(tls), range(8)))
+    assert [s for s, _unused, _unused in results] == [200] * 8
+    assert all(json.loads(b)["choices"][0]["message"]["content"] is not None for _unused, _unused, b in results)
     # Each node generated tokens for some of them (the nodes' own counters)...
     after = {n: metric(a, "llamacpp:tokens_predicted_total") for n, a in NODES.items()}
     assert all(after[n] > before[n] for n in NODES), (before, after)
     # ...and the gateway's log names both as servers of alice's requests (all 8 lines written).
+
     def alices(lines):
         return [m for t, m in lines if t >= since - 1 and "client=alice POST" in m]
     served = {m.split()[3].split("/")[1] for m in alices(haproxy_log(hosts["gw-gateway"],
@@ -137,6 +138,7 @@ def test_a_client_without_a_valid_key_gets_401_from_the_gateway(hosts, tls):
         assert json.loads(body)["error"]["type"] == "authentication_error"
         assert headers.get("WWW-Authenticate") == "Bearer"
     # No node saw them: the gateway answered (no server in the log line).
+
     def refusals(lines):
         return [m for t, m in lines if t >= since - 1 and " 401 " in m]
     lines = refusals(haproxy_log(hosts["gw-gateway"], until=lambda lines: len(refusals(lines)) >= 3))
@@ -145,7 +147,7 @@ def test_a_client_without_a_valid_key_gets_401_from_the_gateway(hosts, tls):
 
 def test_a_client_keys_rate_limit_answers_429(tls):
     # bob may send 5 requests a minute (molecule.yml); models is the cheapest path that reaches a node.
-    statuses = [request(tls, "/v1/models", BOB)[0] for _ in range(7)]
+    statuses = [request(tls, "/v1/models", BOB)[0] for _unused in range(7)]
     assert statuses[:5] == [200] * 5 and statuses[5:] == [429, 429], statuses
     status, headers, body = request(tls, "/v1/models", BOB)
     assert status == 429 and headers.get("Retry-After") == "60"
@@ -169,14 +171,14 @@ def test_streaming_passes_through_as_server_sent_events(tls):
 
 
 def test_openai_paths_pass_through_and_node_internals_do_not(tls):
-    status, _, body = request(tls, "/v1/models", ALICE)
+    status, _unused, body = request(tls, "/v1/models", ALICE)
     assert status == 200 and json.loads(body)["data"][0]["id"]
-    status, _, body = request(tls, "/v1/completions", ALICE, {"prompt": "The capital of France is", "max_tokens": 4})
+    status, _unused, body = request(tls, "/v1/completions", ALICE, {"prompt": "The capital of France is", "max_tokens": 4})
     assert status == 200 and json.loads(body)["choices"]
     for path in ("/metrics", "/slots", "/slots/list"):
         assert request(tls, path, ALICE)[0] == 404, path
     # The gateway's own readiness needs no key, like the engine's.
-    status, _, body = request(tls, "/health")
+    status, _unused, body = request(tls, "/health")
     assert status == 200 and json.loads(body)["status"] == "ok"
 
 
@@ -304,7 +306,7 @@ def test_the_rolling_upgrade_drains_and_restores_each_node_with_no_failed_reques
     events = [(t, m) for t, m in log if t >= start and re.match(
         r"Server hmk_nodes/gw-node-[ab] (enters drain state|is going DOWN for maintenance|is UP/READY)", m)]
     order = [re.match(r"Server hmk_nodes/(gw-node-[ab]) (enters drain|is going DOWN|is UP/READY)", m).groups()
-             for _, m in events]
+             for _unused, m in events]
     # One node at a time: a drained, in maintenance, back; only then b.
     assert order == [("gw-node-a", "enters drain"), ("gw-node-a", "is going DOWN"), ("gw-node-a", "is UP/READY"),
                      ("gw-node-b", "enters drain"), ("gw-node-b", "is going DOWN"), ("gw-node-b", "is UP/READY")], order

@@ -16,11 +16,11 @@ def prepare_state(host):
     """The fingerprint prepare took before the role ever ran: {kind key: value}."""
     state = {}
     for line in host.file("/var/tmp/kt-state-prepare").content_string.splitlines():
-        kind, _, rest = line.partition(" ")
+        kind, _unused, rest = line.partition(" ")
         if kind in ("boot_id", "cmdline", "aspm"):
             state[kind] = rest
         else:
-            key, _, value = rest.partition(" ")
+            key, _unused, value = rest.partition(" ")
             state[kind + " " + key] = value
     return state
 

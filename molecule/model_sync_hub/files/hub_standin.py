@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """STAND-IN for the Hugging Face Hub, for tests only: the real Hub cannot be reached from the test machines.
 
 It answers the few endpoints that huggingface_hub (pinned in requirements.txt) and model_sync's transfer use,
@@ -82,7 +81,7 @@ def load_repos(root):
                     continue
                 files = {}
                 top = os.path.join(base, commit)
-                for directory, _, names in os.walk(top):
+                for directory, _unused, names in os.walk(top):
                     for file_name in names:
                         full = os.path.join(directory, file_name)
                         rel = os.path.relpath(full, top)
@@ -361,7 +360,7 @@ class Handler(BaseHTTPRequestHandler):
         if "sha256" in entry:
             blob = "/%s/%s" % (repo, entry["sha256"])
             location = "%s%s?X-Amz-Expires=3600&X-Amz-Signature=%s" % (self.hub.storage_url, quote(blob),
-                                                                         self.hub.sign(blob))
+                                                                       self.hub.sign(blob))
             headers.update({"Location": location, "X-Linked-Size": str(entry["size"]),
                             "X-Linked-ETag": '"%s"' % entry["sha256"], "ETag": '"%s"' % entry["oid"]})
             return self.reply(302, b"Found. Redirecting to " + location.encode(), headers, "text/plain; charset=utf-8")

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Lay out the STAND-IN Hub's repositories (hub_standin.py --repos DIR) from the catalog: every tiny model whose
 `huggingface.repo` is in the stand-in's namespace (hmk-lab/) becomes one repository with one commit, generated with
 the entry's generator arguments: the GGUF splits under `huggingface.subfolder`, the HF config files and a README at

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """A model store for tests: serves a directory over HTTP on 127.0.0.1 with Range support, counts the
 bytes it sends per file into a JSON file, and can cut one response after N bytes (a transfer killed
 half-way). Standard library only.

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Lay out the scenario's model store: the catalog's tiny models, generated with the catalog's generator
 arguments, plus tiny-qwen3moe-v2/ where split 2 is a new version (seed 4321) that the store serves corrupted
 (one byte flipped). v2.json records the new version's true size and sha256 and the corrupted copy's sha256.

@@ -1,4 +1,4 @@
-#!/bin/bash
+#!/usr/bin/env bash
 # Builds the local stand-in of NVIDIA's CUDA repository, inside a throwaway twin container (Debian's
 # dpkg-deb, apt-ftparchive and gpg): STAND-IN packages carrying NVIDIA's names and versions, a flat
 # repository like NVIDIA's (Packages + Release at the top, "Suites: /"), an InRelease signed with a
@@ -147,4 +147,4 @@ gpg --batch --export > key.gpg
 gpg --batch --with-colons --list-keys | awk -F: '$1 == "fpr" {print $10; exit}' > fingerprint
 gpgconf --kill gpg-agent
 chmod -R a+rX "$repo"
-echo "repository built: $(ls "$repo" | wc -l) files, key $(cat fingerprint)"
+echo "repository built: $(find "$repo" -mindepth 1 -maxdepth 1 ! -name '.*' | wc -l) files, key $(cat fingerprint)"

@@ -36,13 +36,13 @@ def test_the_running_kernel_has_each_argument(host, arg):
 
 
 def test_the_kernel_stage_did_not_reboot_on_its_own():
-    converge, _ = runs()
+    converge, _unused = runs()
     # The role's tasks print as "TASK [hmk.moe_kit.kernel_tuning : ...]" from the collection.
     section = converge.split("kernel_tuning : The node has rebooted once into the requested kernel arguments")[1]
     assert section.split("TASK [")[0].strip().splitlines()[-1].startswith("skipping: [site-reboot]")
 
 
 def test_the_second_run_changed_nothing():
-    _, again = runs()
+    _unused, again = runs()
     recap = [line for line in again.splitlines() if line.startswith("site-reboot ")][-1]
     assert "changed=0 " in recap and "failed=0 " in recap

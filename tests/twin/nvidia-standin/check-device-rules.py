@@ -68,7 +68,7 @@ def sandboxed():
     # `systemctl show` could give its invocation ID.
     cursor = sh("journalctl", "-n", "0", "--show-cursor", "--quiet").strip().split("cursor: ", 1)[-1]
     sh("systemctl", "start", UNIT)
-    for _ in range(100):
+    for _unused in range(100):
         found = probe_line(sh("journalctl", "--no-pager", "-o", "cat", "-u", UNIT, "--after-cursor", cursor))
         if found is not None:
             return found
