@@ -415,8 +415,8 @@ def rule_port(value, min=PORT_MIN, max=PORT_MAX, **_):  # noqa: A002
 def rule_service_port(value, **_):
     number = _as_int(value)
     if number is None or not 1024 <= number <= PORT_MAX:
-        return _not_a_number(value, "a TCP port from 1024 to 65535: the service runs without capabilities (CapabilityBoundingSet= "
-                "is empty), so it cannot bind a privileged port")
+        return _not_a_number(value, "a TCP port from 1024 to 65535: the service runs without capabilities "
+                             "(CapabilityBoundingSet= is empty), so it cannot bind a privileged port")
     return None
 
 

@@ -517,7 +517,7 @@ def _closed_within(sock, seconds):
 
 @pytest.mark.parametrize("bounded_peer", [("--timeout", "1")], indirect=True)
 def test_the_peer_drops_an_idle_and_a_slow_client_after_its_timeout(bounded_peer):
-    url, _ = bounded_peer
+    url, _unused = bounded_peer
     port = int(url.rsplit(":", 1)[1])
     idle = socket.create_connection(("127.0.0.1", port))
     started = time.monotonic()
@@ -542,7 +542,7 @@ def test_the_peer_drops_an_idle_and_a_slow_client_after_its_timeout(bounded_peer
 
 @pytest.mark.parametrize("bounded_peer", [("--max-connections", "2", "--timeout", "30")], indirect=True)
 def test_the_peer_serves_its_connection_limit_and_answers_503_beyond_it(bounded_peer):
-    url, _ = bounded_peer
+    url, _unused = bounded_peer
     port = int(url.rsplit(":", 1)[1])
     held = []
     deadline = time.monotonic() + 10
@@ -553,17 +553,17 @@ def test_the_peer_serves_its_connection_limit_and_answers_503_beyond_it(bounded_
         else:
             held.append(sock)
     assert len(held) == 2
-    refused = [raw_get(url, "/%s/a.bin" % QWEN) for _ in range(5)]
+    refused = [raw_get(url, "/%s/a.bin" % QWEN) for _unused in range(5)]
     assert [r[0] for r in refused] == [503] * 5 and refused[0][1]["Retry-After"] == "5"
     for sock in held:
         sock.close()
     time.sleep(0.3)
-    assert [raw_get(url, "/%s/a.bin" % QWEN)[0] for _ in range(5)] == [200] * 5  # slots are given back
+    assert [raw_get(url, "/%s/a.bin" % QWEN)[0] for _unused in range(5)] == [200] * 5  # slots are given back
 
 
 @pytest.mark.parametrize("bounded_peer", [("--allow", "127.0.0.2", "--allow", "10.20.0.0/16")], indirect=True)
 def test_only_clients_on_the_peers_allow_list_get_an_answer(bounded_peer):
-    url, _ = bounded_peer
+    url, _unused = bounded_peer
     assert raw_get(url, "/%s/a.bin" % QWEN, source="127.0.0.2")[0] == 200
     assert raw_get(url, "/%s/a.bin" % QWEN, source="127.0.0.3") == (None, None, None)
     assert raw_get(url, "/%s/a.bin" % QWEN, source="127.0.0.1") == (None, None, None)
@@ -571,7 +571,7 @@ def test_only_clients_on_the_peers_allow_list_get_an_answer(bounded_peer):
 
 @pytest.mark.parametrize("bounded_peer", [("--allow", "localhost")], indirect=True)
 def test_an_allow_list_entry_may_be_a_host_name_resolved_at_start(bounded_peer):
-    url, _ = bounded_peer
+    url, _unused = bounded_peer
     assert raw_get(url, "/%s/a.bin" % QWEN, source="127.0.0.1")[0] == 200
     assert raw_get(url, "/%s/a.bin" % QWEN, source="127.0.0.2") == (None, None, None)
 

@@ -615,14 +615,14 @@ def flood():
 
 
 def _tree_bytes(root):
-    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(str(root)) for f in files)
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _unused, files in os.walk(str(root)) for f in files)
 
 
 @pytest.mark.parametrize("how", ["announced", "unannounced"])
 def test_a_server_sending_64_times_the_size_is_cut_at_the_size_and_nothing_piles_up(flood, tmp_path, how):
     item = {"name": "big.bin", "size": _Flood.SIZE, "sha256": hashlib.sha256(flood.body).hexdigest()}
     source = hmk.Source("http", "http://127.0.0.1:%d/%s" % (flood.server_address[1], how), retries=2, retry_delay=0)
-    for _ in range(3):  # each run refuses again, and the disk holds no more after the third than after the first
+    for _unused in range(3):  # each run refuses again, and the disk holds no more after the third than after the first
         result = hmk.Syncer(MODEL, str(tmp_path / MODEL), str(tmp_path / ".s"), str(tmp_path / ".q"), [item],
                             source).run()
         assert len(result["errors"]) == 1 and "oversize refused" in result["errors"][0]
@@ -633,7 +633,7 @@ def test_a_server_sending_64_times_the_size_is_cut_at_the_size_and_nothing_piles
 
 
 def test_a_range_answer_for_a_file_of_another_size_is_refused(origins, tmp_path):
-    _, second = origins
+    _unused, second = origins
     partial = tmp_path / "r.partial"
     partial.write_bytes(_Recorder.BODY[:100])
     source = hmk.Source("http", "http://127.0.0.1:%d" % second.server_address[1], retries=2, retry_delay=0)

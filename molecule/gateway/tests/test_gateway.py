@@ -208,6 +208,7 @@ def test_non_normalised_internal_paths_are_refused_at_the_gateway_and_reach_no_n
     for target in SPELLINGS:
         assert raw_request(tls, "GET", target, LOAD) == 404, target
     # The gateway answered each itself: its log line names no server (<NOSRV>), and shows the path as sent.
+
     def refused(lines):
         return [m for t, m in lines if t >= since - 1 and "client=load GET" in m]
     lines = refused(haproxy_log(hosts["gw-gateway"], until=lambda lines: len(refused(lines)) >= len(SPELLINGS)))
