@@ -107,7 +107,10 @@ gpu-acceptance:
 
 test-quick: lint syntax unit
 
-test: deps venv lint syntax unit collection ee integration cuda-sample molecule
+# Each part timed; reports/timing.json and reports/timing.md say what each cost and which caches it hit.
+TEST_PARTS := deps venv lint syntax unit collection ee integration image cuda-sample molecule
+test:
+	python3 scripts/test-run $(TEST_PARTS)
 
 bench: deps venv image
 	benchmarks/bed.sh
