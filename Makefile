@@ -8,7 +8,7 @@ export HMK_STATE ?= /var/tmp/hybrid-moe-kit
 export DOCKER_HOST := unix://$(HMK_STATE)/dockerd/docker.sock
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 DEB_PACKAGES := qemu-system-x86 qemu-utils debootstrap grub-pc-bin grub2-common e2fsprogs fdisk \
-	openssh-client docker.io python3-venv git rsync curl
+	openssh-client docker.io python3-venv git rsync curl haproxy
 LAB_ARGS ?=
 LAB_KIND ?= container
 

@@ -20,6 +20,12 @@ import re
 
 from ansible_collections.hmk.moe_kit.plugins.module_utils import hmk_engine_log, hmk_nvidia_devices
 from ansible_collections.hmk.moe_kit.plugins.module_utils import hmk_hardware as hw
+from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_validate import guard_filters
+
+try:
+    from ansible.errors import AnsibleFilterError
+except ImportError:  # imported without Ansible (unit tests in a bare interpreter)
+    AnsibleFilterError = ValueError
 
 SEVERITIES = ("critical", "warning", "info", "ok")
 
@@ -851,10 +857,10 @@ def markdown(report, host=""):
 
 class FilterModule(object):
     def filters(self):
-        return {
+        return guard_filters({
             "doctor_diagnose": diagnose,
             "doctor_failing": failing,
             "doctor_text": text,
             "doctor_markdown": markdown,
             "doctor_systemctl_show": parse_systemctl_show,
-        }
+        }, AnsibleFilterError)

@@ -4,7 +4,8 @@
 - gateway_servers: one backend server per serving node of the group, from the node's own inventory (the address
   and port its service listens on, its parallel slots), checked before anything is written;
 - gateway_backend_key: the one API key the nodes share, which the gateway adds to every request it forwards;
-- gateway_client_map / gateway_limit_map: the client keys, stored only as sha256, and each client's request rate.
+- gateway_client_map / gateway_limit_map / gateway_concurrency_map: the client keys, stored only as sha256, each
+  client's request rate and how many of its requests may be in progress at once.
 
 tests/unit/test_gateway.py imports this file directly.
 """
@@ -13,6 +14,7 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import hashlib
+import ipaddress
 import re
 
 try:
@@ -39,10 +41,24 @@ def _get(node, key, default=None):
     return default if value is None else value
 
 
-def gateway_servers(nodes, names):
+def _loopback(address):
+    """Whether an address is loopback (127.0.0.0/8, ::1, or the name localhost)."""
+    if address.lower().rstrip(".") in ("localhost", "localhost.localdomain", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def gateway_servers(nodes, names, gateway=None, shared_loopback=False):
     """Backend servers for HAProxy, one per node, in inventory order.
 
     nodes: each node's variables (hostvars[name]), names: the inventory names in the same order.
+    gateway: the inventory name of the gateway host; shared_loopback: the nodes share the gateway's loopback (one
+    network namespace: a lab's twins on loopback addresses). A node whose address is loopback is refused unless it is
+    the gateway host itself or shared_loopback is set: on another machine, the gateway would balance to its own
+    loopback and hand prompts and the node key to whatever listens there.
     address: gateway_node_address, else the address the service binds (inference_service_host) unless it is a
     wildcard, else ansible_host, else the name. port: gateway_node_port, else inference_service_port, else 8080.
     slots (HAProxy maxconn per server): gateway_node_slots, else inference_service_parallel when set, else the
@@ -65,6 +81,16 @@ def gateway_servers(nodes, names):
         address = str(address)
         if not address or any(c in address for c in " \t\n#"):
             _fail("%s: gateway_node_address %r is not an address" % (name, address))
+        if _loopback(address) and name != gateway and not shared_loopback:
+            source = "gateway_node_address" if _get(node, "gateway_node_address") is not None else \
+                "inference_service_host"
+            _fail("%s serves on %s (%s), a loopback address: the gateway %s would reach its own loopback, not %s. "
+                  "Set inference_service_host on %s to the node's own address that the gateway reaches, with "
+                  "inference_service_allowed_networks: [<the gateway's address>/32] so that only the gateway may "
+                  "reach it (KTransformers too: it then carries no key and relies on that allow-list); or, when the "
+                  "nodes share the gateway's loopback (one machine or network namespace), set "
+                  "gateway_nodes_share_loopback: true" % (name, address, source, gateway or "(another host)", name,
+                                                          name))
         port = _get(node, "gateway_node_port", _get(node, "inference_service_port", 8080))
         try:
             port = int(port)
@@ -122,8 +148,20 @@ def _client_hash(client):
     return digest
 
 
-def gateway_clients_checked(clients, default_rate):
-    """Checks the client list; returns [{name, sha256, requests_per_minute}] in order."""
+def _positive(name, field, value):
+    if isinstance(value, bool):
+        _fail("gateway client %s: %s %r is not a number" % (name, field, value))
+    try:
+        value = int(value)
+    except (TypeError, ValueError):
+        _fail("gateway client %s: %s %r is not a number" % (name, field, value))
+    if value < 1:
+        _fail("gateway client %s: %s must be at least 1" % (name, field))
+    return value
+
+
+def gateway_clients_checked(clients, default_rate, default_concurrency=16):
+    """Checks the client list; returns [{name, sha256, requests_per_minute, concurrent_requests}] in order."""
     if not clients:
         _fail("gateway_clients is empty: no client could use the gateway")
     out, names, hashes = [], set(), set()
@@ -138,16 +176,11 @@ def gateway_clients_checked(clients, default_rate):
         digest = _client_hash(client)
         if digest in hashes:
             _fail("gateway client %s has the same key as another client" % name)
-        rate = client.get("requests_per_minute", default_rate)
-        try:
-            rate = int(rate)
-        except (TypeError, ValueError):
-            _fail("gateway client %s: requests_per_minute %r is not a number" % (name, rate))
-        if rate < 1:
-            _fail("gateway client %s: requests_per_minute must be at least 1" % name)
+        rate = _positive(name, "requests_per_minute", client.get("requests_per_minute", default_rate))
+        concurrency = _positive(name, "concurrent_requests", client.get("concurrent_requests", default_concurrency))
         names.add(name)
         hashes.add(digest)
-        out.append({"name": name, "sha256": digest, "requests_per_minute": rate})
+        out.append({"name": name, "sha256": digest, "requests_per_minute": rate, "concurrent_requests": concurrency})
     return out
 
 
@@ -162,6 +195,12 @@ def gateway_limit_map(clients, default_rate):
                    for c in gateway_clients_checked(clients, default_rate))
 
 
+def gateway_concurrency_map(clients, default_rate, default_concurrency):
+    """HAProxy map: client name -> requests in progress at once."""
+    return "".join("%s %d\n" % (c["name"], c["concurrent_requests"])
+                   for c in gateway_clients_checked(clients, default_rate, default_concurrency))
+
+
 class FilterModule(object):
     """Filters of the gateway role."""
 
@@ -172,4 +211,5 @@ class FilterModule(object):
             "gateway_clients_checked": gateway_clients_checked,
             "gateway_client_map": gateway_client_map,
             "gateway_limit_map": gateway_limit_map,
+            "gateway_concurrency_map": gateway_concurrency_map,
         }

@@ -11,6 +11,13 @@ import binascii
 import hashlib
 import re
 
+from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_validate import guard_filters
+
+try:
+    from ansible.errors import AnsibleFilterError
+except ImportError:  # imported without Ansible (unit tests in a bare interpreter)
+    AnsibleFilterError = ValueError
+
 # CUDA toolkit release -> minimum Linux driver (CUDA release notes, "CUDA Toolkit and
 # Corresponding Driver Versions"). Keys are (major, minor) for the GA release, (major, minor,
 # update) where an update raised the minimum.
@@ -913,7 +920,7 @@ class FilterModule:
     """Ansible entry point."""
 
     def filters(self):
-        return {
+        return guard_filters({
             "hmk_nvidia_compat_errors": compat_errors,
             "hmk_nvidia_min_driver": min_driver,
             "hmk_nvidia_toolkit_series": toolkit_series,
@@ -943,4 +950,4 @@ class FilterModule:
             "hmk_nvidia_nvcc_version": nvcc_version,
             "hmk_nvidia_installed_driver_version": installed_driver_version,
             "hmk_nvidia_toolkit_driver_errors": toolkit_driver_errors,
-        }
+        }, AnsibleFilterError)

@@ -9,10 +9,14 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-import ipaddress
-
 from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_model_sync import validate_catalog
-from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_validate import check_all, check_profile, proc_sys_path, sysctl_key_refusals
+from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_validate import (
+    check_all, check_profile, guard_filters, loopback_address, proc_sys_path, sysctl_key_refusals)
+
+try:
+    from ansible.errors import AnsibleFilterError
+except ImportError:  # imported without Ansible (unit tests in a bare interpreter)
+    AnsibleFilterError = ValueError
 
 
 def hmk_validate(specs):
@@ -46,15 +50,14 @@ def hmk_validate_sysctl_keys(keys, var, present_paths):
 
 
 def hmk_is_loopback(host):
-    """Whether an address is loopback (127.0.0.0/8, ::1); anything unparsable counts as not loopback."""
-    try:
-        return ipaddress.ip_address(str(host)).is_loopback
-    except ValueError:
-        return False
+    """Whether an address is loopback (127.0.0.0/8, ::1); anything unparsable, a name, or an address with a zone ID
+    (::1%eth0) counts as not loopback."""
+    return loopback_address(host)
 
 
 class FilterModule(object):
     def filters(self):
-        return {"hmk_validate": hmk_validate, "hmk_validate_profile": hmk_validate_profile,
-                "hmk_validate_catalog": hmk_validate_catalog, "hmk_is_loopback": hmk_is_loopback,
-                "hmk_proc_sys_path": hmk_proc_sys_path, "hmk_validate_sysctl_keys": hmk_validate_sysctl_keys}
+        return guard_filters({"hmk_validate": hmk_validate, "hmk_validate_profile": hmk_validate_profile,
+                              "hmk_validate_catalog": hmk_validate_catalog, "hmk_is_loopback": hmk_is_loopback,
+                              "hmk_proc_sys_path": hmk_proc_sys_path,
+                              "hmk_validate_sysctl_keys": hmk_validate_sysctl_keys}, AnsibleFilterError)

@@ -15,6 +15,8 @@ import hashlib
 import json
 import re
 
+from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_validate import guard_filters
+
 try:
     from ansible.errors import AnsibleFilterError
 except ImportError:  # imported without Ansible (unit tests in a bare interpreter)
@@ -656,7 +658,7 @@ class FilterModule(object):
     """inference_service filters."""
 
     def filters(self):
-        return {
+        return guard_filters({
             "inference_service_engine_flag_set": engine_flag_set,
             "inference_service_llama_argv": llama_argv,
             "inference_service_kt_argv": kt_argv,
@@ -677,4 +679,4 @@ class FilterModule(object):
             "inference_service_ready_timeout": ready_timeout,
             "inference_service_config_hash": config_hash,
             "inference_service_file_entry": file_entry,
-        }
+        }, AnsibleFilterError)

@@ -12,6 +12,8 @@ __metaclass__ = type
 
 import re
 
+from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_validate import guard_filters
+
 try:
     from ansible.errors import AnsibleFilterError
 except ImportError:  # imported without Ansible (unit tests in a bare interpreter)
@@ -181,10 +183,10 @@ class FilterModule(object):
     """kernel_tuning filters."""
 
     def filters(self):
-        return {
+        return guard_filters({
             "kernel_tuning_bootloader": bootloader,
             "kernel_tuning_cmdline_base": cmdline_base,
             "kernel_tuning_kernel_cmdline": kernel_cmdline,
             "kernel_tuning_loader_entries": loader_entries,
             "kernel_tuning_stale_kernels": stale_kernels,
-        }
+        }, AnsibleFilterError)

@@ -16,6 +16,8 @@ import hashlib
 import json
 import re
 
+from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_validate import guard_filters
+
 try:
     from ansible.errors import AnsibleFilterError
 except ImportError:  # imported without Ansible (unit tests in a bare interpreter)
@@ -351,7 +353,7 @@ class FilterModule(object):
     """ktransformers_build filters."""
 
     def filters(self):
-        return {
+        return guard_filters({
             "ktransformers_build_cpu_isa": cpu_isa,
             "ktransformers_build_cpu_instruct": cpu_instruct,
             "ktransformers_build_enable_amx": enable_amx,
@@ -367,4 +369,4 @@ class FilterModule(object):
             "ktransformers_build_plan": build_plan,
             "ktransformers_build_key": build_key,
             "ktransformers_build_proof_problems": proof_problems,
-        }
+        }, AnsibleFilterError)

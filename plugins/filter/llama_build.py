@@ -14,6 +14,8 @@ import hashlib
 import json
 import re
 
+from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_validate import guard_filters
+
 try:
     from ansible.errors import AnsibleFilterError
 except ImportError:  # imported without Ansible (unit tests in a bare interpreter)
@@ -294,7 +296,7 @@ class FilterModule(object):
     """llama_build filters."""
 
     def filters(self):
-        return {
+        return guard_filters({
             "llama_build_cpu_flags": cpu_flags,
             "llama_build_cpu_isa": cpu_isa,
             "llama_build_cuda_architectures": cuda_architectures,
@@ -310,4 +312,4 @@ class FilterModule(object):
             "llama_build_missing_in_help": missing_in_help,
             "llama_build_version_commit": version_commit,
             "llama_build_prune": builds_to_prune,
-        }
+        }, AnsibleFilterError)

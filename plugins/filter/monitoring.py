@@ -14,12 +14,15 @@ __metaclass__ = type
 
 import re
 
+from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_validate import guard_filters, refusal, rule_ip, rule_port
+
 try:
     from ansible.errors import AnsibleFilterError
 except ImportError:  # imported without Ansible (unit tests in a bare interpreter)
     AnsibleFilterError = ValueError
 
 GB = 1000 ** 3
+HOST_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,252})")
 PREFLIGHT_STATUSES = ("pass", "warn", "fail")
 
 
@@ -162,7 +165,17 @@ def scrape_configs(nodes, scrape_interval="15s", key_dir="/etc/prometheus/hmk"):
         name = str(node["name"])
         if not re.match(r"^[A-Za-z0-9._-]+$", name):
             _fail("node name %r is not usable as a file name and a label" % name)
-        address = str(node["address"])
+        address = node.get("address")
+        if rule_ip(address) and not (isinstance(address, str) and HOST_NAME.fullmatch(address)):
+            _fail(refusal("%s: monitoring_scrape_address (or ansible_host)" % name, address,
+                          "an IP address or a host name of letters, digits, . and -"))
+        for key, var in (("node_exporter_port", "monitoring_node_exporter_port"), ("engine_port", "inference_service_port"),
+                         ("gpu_exporter_port", "monitoring_dcgm_exporter_port")):
+            # gpu_exporter_port 0: the node has no DCGM exporter to scrape.
+            if key in node and not (key == "gpu_exporter_port" and node[key] in (0, "0", None)):
+                problem = rule_port(node[key])
+                if problem:
+                    _fail(refusal("%s: %s" % (name, var), node[key], problem))
         host = "[%s]" % address if ":" in address else address
         jobs["hmk_node"].append({"targets": ["%s:%d" % (host, int(node["node_exporter_port"]))], "labels": {"node": name}})
         engine = {"targets": ["%s:%d" % (host, int(node["engine_port"]))], "labels": {"node": name}}
@@ -208,8 +221,8 @@ class FilterModule(object):
     """Filters of the monitoring roles."""
 
     def filters(self):
-        return {
+        return guard_filters({
             "monitoring_kit_metrics": kit_metrics,
             "monitoring_scrape_configs": scrape_configs,
             "monitoring_gpu_exporter_choice": gpu_exporter_choice,
-        }
+        }, AnsibleFilterError)

@@ -17,7 +17,10 @@ validate later measures the tuned service exactly as the search did.
 
 The winner is written to the controller's inventory (host_vars/<host>/tuned.yml) as `tune_result`: the
 inference_service variables that render it, with the date, engine build and model it was found for. A
-record for another build or model is ignored (with a warning) by tuned_match.
+record for another build or model is ignored (with a warning) by tuned_match. Ansible templates every string
+of a vars file it reads, and the build, commit and model come from the node: so the fields of a known shape
+are checked against it before anything is written, and every string is written `!unsafe` (never templated) or,
+where `!unsafe` would read it back as another type, in a form that cannot hold a template.
 tests/unit/test_tune.py imports this file directly.
 """
 from __future__ import absolute_import, division, print_function
@@ -29,6 +32,9 @@ import json
 import math
 import re
 import textwrap
+
+from yaml.nodes import ScalarNode
+from yaml.resolver import Resolver
 
 try:
     from ansible.errors import AnsibleFilterError
@@ -631,34 +637,103 @@ def tuned_match(record, deployed, obj=None):
     return out
 
 
+# The fields of the tuned record whose shape is known, checked before the record reaches the inventory: the node
+# reports the engine, build and commit (its deployment record), so a value of another shape is refused, not written.
+TUNED_SHAPES = {
+    "engine": (re.compile(r"^(ik_llama\.cpp|llama\.cpp)\Z"), "ik_llama.cpp or llama.cpp"),
+    "build": (re.compile(r"^[0-9a-f]{12}-[0-9a-f]{8}\Z"), "a build directory name, <sha12>-<flagshash8>"),
+    "commit": (re.compile(r"^(?:[0-9a-f]{40})?\Z"), "a full 40-character commit SHA, or empty"),
+    "date": (re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ\Z"), "an ISO 8601 UTC time, YYYY-MM-DDTHH:MM:SSZ"),
+}
+_RESOLVER = Resolver()
+_KEY = re.compile(r"^[a-z_][a-z0-9_]*\Z")
+# YAML's short escapes; every other character outside printable ASCII is written as \x, \u or \U.
+_ESCAPES = {"\\": "\\\\", '"': '\\"', "\0": "\\0", "\a": "\\a", "\b": "\\b", "\t": "\\t", "\n": "\\n",
+            "\v": "\\v", "\f": "\\f", "\r": "\\r", "\x1b": "\\e"}
+
+
+def _shown(value):
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def tuned_checked(record):
+    """The record (or what the node reports), when every field of a known shape it holds has that shape; else a
+    refusal that names the field and its value."""
+    for field, (pattern, shape) in sorted(TUNED_SHAPES.items()):
+        if field not in record:
+            continue
+        value = record[field]
+        if not isinstance(value, str) or not pattern.match(value):
+            _fail("tune_result.%s is %s, not %s: nothing is written to the inventory, which Ansible reads as "
+                  "variables (and would template)" % (field, _shown(value), shape))
+    return record
+
+
 def tuned_file(record, header=""):
-    """The tuned file's YAML text (a stable rendering: the same record gives the same bytes)."""
+    """The tuned file's YAML text (a stable rendering: the same record gives the same bytes).
+
+    Every string is written `!unsafe` (see _quoted for the few that cannot be): Ansible reads the file as host
+    variables and would otherwise evaluate a template in any of them (a node's root commanding the controller).
+    The escapes keep the file printable ASCII.
+    """
     tuned_vars(record)
+    tuned_checked(record)
     lines = ["---"] + ["# " + line for line in textwrap.wrap(" ".join(str(header).split()), 100)] + ["tune_result:"]
     lines += _yaml(record, 1)
     return "\n".join(lines) + "\n"
 
 
-def _scalar(value):
+def _quoted(text, where):
+    out = []
+    for char in text:
+        code = ord(char)
+        if char in _ESCAPES:
+            out.append(_ESCAPES[char])
+        elif 0x20 <= code <= 0x7E:
+            out.append(char)
+        elif 0xD800 <= code <= 0xDFFF:
+            _fail("%s holds a lone surrogate (%s), which no YAML file can hold: nothing is written "
+                  "to the inventory" % (where, _shown(text)))
+        elif code <= 0xFF:
+            out.append("\\x%02x" % code)
+        elif code <= 0xFFFF:
+            out.append("\\u%04x" % code)
+        else:
+            out.append("\\U%08x" % code)
+    body = '"%s"' % "".join(out)
+    # Ansible 2.19 resolves an !unsafe scalar's type again as if it were plain ("" is null, a date a datetime, digits
+    # an int): such a value is written quoted without the tag. None of those forms can hold "{", so no template.
+    if _RESOLVER.resolve(ScalarNode, text, (True, False)) != "tag:yaml.org,2002:str":
+        return body
+    return "!unsafe " + body
+
+
+def _scalar(value, where):
     if isinstance(value, bool):
         return "true" if value else "false"
     if value is None:
         return "null"
+    if isinstance(value, float) and not math.isfinite(value):
+        return ".nan" if math.isnan(value) else (".inf" if value > 0 else "-.inf")
     if isinstance(value, (int, float)):
         return json.dumps(value)
-    return json.dumps(str(value))
+    return _quoted(str(value), where)
 
 
-def _yaml(value, depth):
+def _yaml(value, depth, where="tune_result"):
     pad = "  " * depth
     out = []
     for key in sorted(value):
-        item = value[key]
+        if not isinstance(key, str) or not _KEY.match(key):
+            _fail("%s has a key %s that is not a variable name: nothing is written to the inventory"
+                  % (where, _shown(key)))
+        item, inner = value[key], "%s.%s" % (where, key)
         if isinstance(item, dict):
             out.append("%s%s:" % (pad, key))
-            out += _yaml(item, depth + 1)
+            out += _yaml(item, depth + 1, inner)
         else:
-            out.append("%s%s: %s" % (pad, key, _scalar(item)))
+            out.append("%s%s: %s" % (pad, key, _scalar(item, inner)))
     return out
 
 
@@ -719,5 +794,6 @@ class FilterModule(object):
             "tune_tuned_vars": tuned_vars,
             "tune_tuned_match": tuned_match,
             "tune_tuned_file": tuned_file,
+            "tune_tuned_checked": tuned_checked,
             "tune_utc_date": utc_date,
         }

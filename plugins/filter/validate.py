@@ -19,6 +19,8 @@ import re
 
 from ansible_collections.hmk.moe_kit.plugins.module_utils import hmk_hardware as hw
 
+from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_validate import guard_filters
+
 try:
     from ansible.errors import AnsibleFilterError
 except ImportError:  # imported without Ansible (unit tests in a bare interpreter)
@@ -613,7 +615,7 @@ class FilterModule(object):
     """Filters of the validate role."""
 
     def filters(self):
-        return {
+        return guard_filters({
             "validate_theoretical_bandwidth": theoretical_bandwidth,
             "validate_expert_bytes_per_token": expert_bytes_per_token,
             "validate_roofline": roofline,
@@ -623,4 +625,4 @@ class FilterModule(object):
             "validate_report": report,
             "validate_report_markdown": report_markdown,
             "validate_chart_spec": chart_spec,
-        }
+        }, AnsibleFilterError)

@@ -113,9 +113,99 @@ def dump_lock(lock):
     return LOCK_HEADER + "---\n" + body
 
 
-def lock_problems(model, entry, locked):
-    """Sentences saying where a lock entry disagrees with the model's catalog entry ([] when it agrees)."""
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# What each part of a lock entry must be: key -> (test, what it must be)
+_SOURCE_SHAPE = {
+    "group": (lambda v: v in ("files", "hf_files"), "files or hf_files"),
+    "repo": (lambda v: isinstance(v, str) and REPO_RE.match(v), "a repository as owner/name"),
+    "revision": (lambda v: isinstance(v, str) and v != "", "a non-empty string"),
+    "commit": (lambda v: isinstance(v, str) and COMMIT_RE.match(v), "a commit id (40 lowercase hex digits)"),
+}
+_FILE_SHAPE = {
+    "name": (lambda v: isinstance(v, str) and v != "", "a file name"),
+    "repo": (lambda v: isinstance(v, str) and REPO_RE.match(v), "a repository as owner/name"),
+    "commit": (lambda v: isinstance(v, str) and COMMIT_RE.match(v), "a commit id (40 lowercase hex digits)"),
+    "path": (lambda v: isinstance(v, str) and v != "" and not v.startswith("/") and ".." not in v.split("/"),
+             "a relative path in the repository"),
+    "size": (lambda v: _is_int(v) and v >= 0, "a size in bytes (an integer, 0 or more)"),
+    "sha256": (lambda v: isinstance(v, str) and SHA256_RE.match(v), "a sha256 (64 lowercase hex digits)"),
+}
+
+
+def lock_entry_problems(model, locked):
+    """Sentences naming each malformed part of one model's lock entry (missing key, wrong type, bad sha256, negative
+    size...): a lock edited by hand or damaged is refused by name before anything reads it, never with a traceback."""
+    where = "%s: the lock entry is malformed:" % model
+    if not isinstance(locked, dict):
+        return ["%s it is %s, not a mapping with sources and files" % (where, type(locked).__name__)]
     problems = []
+    sources = locked.get("sources")
+    if not isinstance(sources, list) or not sources:
+        problems.append("%s sources is %r, not a list of the repositories it pins" % (where, sources))
+        sources = []
+    for index, source in enumerate(sources):
+        if not isinstance(source, dict):
+            problems.append("%s sources[%d] is %r, not a mapping" % (where, index, source))
+            continue
+        for key, (test, must) in sorted(_SOURCE_SHAPE.items()):
+            if key not in source:
+                problems.append("%s sources[%d] has no %s" % (where, index, key))
+            elif not test(source[key]):
+                problems.append("%s sources[%d].%s is %r, it must be %s" % (where, index, key, source[key], must))
+        for key in ("subfolder", "include"):
+            if not isinstance(source.get(key, ""), str):
+                problems.append("%s sources[%d].%s is %r, it must be a string" % (where, index, key, source[key]))
+    for group in ("files", "hf_files"):
+        items = locked.get(group, [] if group == "hf_files" else None)
+        if not isinstance(items, list):
+            problems.append("%s %s is %r, not a list of files" % (where, group, items))
+            continue
+        for index, item in enumerate(items):
+            if not isinstance(item, dict):
+                problems.append("%s %s[%d] is %r, not a mapping" % (where, group, index, item))
+                continue
+            label = item.get("name") if isinstance(item.get("name"), str) and item.get("name") else "%s[%d]" % (
+                group, index)
+            for key, (test, must) in sorted(_FILE_SHAPE.items()):
+                if key not in item:
+                    problems.append("%s %s has no %s" % (where, label, key))
+                elif not test(item[key]):
+                    problems.append("%s %s has %s %r, it must be %s" % (where, label, key, item[key], must))
+    return problems
+
+
+def _file_problems(model, request, source, files):
+    """Sentences naming each locked file whose repository, commit or path is not the one its source and the catalog
+    say (the lock and the catalog compared file by file, field by field)."""
+    problems = []
+    subfolder = request["subfolder"]
+    wanted = dict((f["name"], f) for f in request["files"])
+    for pinned in files:
+        name = pinned["name"]
+        expected = {"repo": request["repo"], "commit": source["commit"]}
+        if name in wanted:
+            expected["path"] = wanted[name]["path"]
+        elif request["include"]:
+            expected["path"] = "/".join(filter(None, [subfolder, name]))
+        if COMMIT_RE.match(request["revision"]):
+            expected["commit"] = request["revision"]
+        for key in ("repo", "commit", "path"):
+            if key in expected and pinned[key] != expected[key]:
+                problems.append("%s: %s has %s %s in the lock, the catalog says %s" % (model, name, key, pinned[key],
+                                                                                       expected[key]))
+    return problems
+
+
+def lock_problems(model, entry, locked):
+    """Sentences saying where a lock entry disagrees with the model's catalog entry ([] when it agrees): the
+    repository, revision and commit of each source, then each file's name, repository, commit, path, size and
+    sha256; a malformed entry is named part by part (lock_entry_problems) before anything is compared."""
+    problems = lock_entry_problems(model, locked)
+    if problems:
+        return problems
     for request in hub_requests(model, entry):
         group = request["group"]
         source = next((s for s in locked.get("sources", []) if s.get("group") == group), None)
@@ -130,6 +220,10 @@ def lock_problems(model, entry, locked):
         elif asked not in (source.get("revision"), source.get("commit")):
             problems.append("%s: the lock resolved %s revision %s to commit %s, the catalog now asks for revision %s"
                             % (model, request["repo"], source.get("revision"), source.get("commit"), asked))
+        elif COMMIT_RE.match(asked) and source.get("commit") != asked:
+            problems.append("%s: the lock pins %s at commit %s, the catalog pins commit %s"
+                            % (model, group, source.get("commit"), asked))
+        problems.extend(_file_problems(model, request, source, files))
         for key in ("subfolder", "include"):
             if source.get(key, "") != request[key]:
                 problems.append("%s: the lock was made with huggingface.%s %r, the catalog says %r"
@@ -341,7 +435,7 @@ class HubSource(Source):
             if commit != item["commit"]:
                 return ("the Hub serves %s from commit %s, the lock says %s; nothing was fetched"
                         % (where, commit, item["commit"]))
-            if size is not None and int(size) != item["size"]:
+            if size is not None and (not size.isdigit() or int(size) != item["size"]):
                 return ("the Hub says %s is %s bytes at commit %s, the lock says %d; nothing was fetched"
                         % (where, size, commit, item["size"]))
             if SHA256_RE.match(etag) and etag != item["sha256"]:

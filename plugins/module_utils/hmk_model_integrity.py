@@ -53,14 +53,37 @@ def prestart_problems(manifest):
 
 
 def _sha256(path):
+    """(sha256 hex digest, os.stat_result) of the file at `path` when it was opened: the stat of the very file that
+    was hashed (its inode, size and mtime), even if another file is renamed over `path` while it is read."""
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
+        hashed = os.fstat(handle.fileno())
         while True:
             block = handle.read(CHUNK)
             if not block:
                 break
             digest.update(block)
-    return digest.hexdigest()
+    return digest.hexdigest(), hashed
+
+
+def _identity(stat):
+    return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+
+def _read_stamp(path):
+    try:
+        with open(path) as handle:
+            stamp = json.load(handle)
+    except (IOError, OSError, ValueError):
+        return None
+    return stamp if isinstance(stamp, dict) else None
+
+
+def _current(path):
+    try:
+        return os.stat(path)
+    except OSError:
+        return None
 
 
 def stamps(state_dir):
@@ -86,20 +109,37 @@ def stamps(state_dir):
 
 
 def rehash(models_root, state_dir, quarantine_dir, now=None):
-    """Full re-hash of every stamped file; quarantines mismatches. Returns the result record."""
+    """Full re-hash of every stamped file; quarantines mismatches. Returns the result record.
+
+    A model update may land while a file is read (model_sync renames a freshly verified file over it and writes its
+    new stamp): the file and its stamp are read again at the moment of judging, and a file that is no longer the one
+    that was hashed, or whose stamp changed meanwhile, is not judged (listed under changed_during_rehash; the next
+    run checks it), so a freshly verified file is never quarantined for the bytes of the one it replaced.
+    """
     started = now or time.time()
     record = {"schema": "hmk-model-integrity/1", "started": started, "files_checked": 0, "bytes_hashed": 0,
-              "mismatches": [], "missing": []}
+              "mismatches": [], "missing": [], "changed_during_rehash": []}
     for model, name, stamp in stamps(state_dir):
         path = os.path.join(models_root, model, name)
+        stamp_path = os.path.join(state_dir, model, name + ".json")
         if not os.path.isfile(path):
             record["missing"].append({"model": model, "file": name, "path": path})
             continue
-        observed = _sha256(path)
-        size = os.path.getsize(path)
+        try:
+            observed, hashed = _sha256(path)
+        except OSError:  # removed or replaced between the listing and the open: the next run judges it
+            record["changed_during_rehash"].append({"model": model, "file": name, "path": path})
+            continue
+        size = hashed.st_size
         record["files_checked"] += 1
         record["bytes_hashed"] += size
-        if observed == stamp["sha256"] and size == stamp.get("size", size):
+        # judged against what is there now: the stamp as it is now, and the file only if it is still the one hashed
+        fresh = _read_stamp(stamp_path)
+        if fresh and observed == fresh.get("sha256") and size == fresh.get("size", size):
+            continue
+        current = _current(path)
+        if fresh != stamp or current is None or _identity(current) != _identity(hashed):
+            record["changed_during_rehash"].append({"model": model, "file": name, "path": path})
             continue
         target_dir = os.path.join(quarantine_dir, model)
         if not os.path.isdir(target_dir):
@@ -107,7 +147,15 @@ def rehash(models_root, state_dir, quarantine_dir, now=None):
         target = os.path.join(target_dir, "%s.%s.rehash-mismatch" % (name, time.strftime("%Y%m%dT%H%M%SZ",
                                                                                             time.gmtime(started))))
         os.rename(path, target)
-        os.unlink(os.path.join(state_dir, model, name + ".json"))
+        moved = _current(target)
+        if moved is None or _identity(moved) != _identity(hashed):
+            # an update landed between the last look and the rename: that file goes back unless another is there
+            if not os.path.exists(path):
+                os.rename(target, path)
+            record["changed_during_rehash"].append({"model": model, "file": name, "path": path})
+            continue
+        if _read_stamp(stamp_path) == stamp:
+            os.unlink(stamp_path)
         record["mismatches"].append({"model": model, "file": name, "path": path, "expected_sha256": stamp["sha256"],
                                      "observed_sha256": observed, "size": size, "quarantined_to": target})
     record["finished"] = time.time()

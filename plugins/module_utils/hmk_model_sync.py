@@ -560,6 +560,44 @@ def open_http(url, offset, token, follow_redirects, connect_timeout=30, stall_se
     raise SyncError("%s: more than %d redirects" % (url, MAX_REDIRECTS))
 
 
+class OversizeError(SyncError):
+    """A source that sends (or announces) more bytes than the file's known size: refused, never retried."""
+
+
+def announced_size_problem(url, response, offset, size):
+    """Why the answer to a request from byte `offset` of a `size`-byte file announces the wrong size, or None
+    (Content-Length beyond the bytes missing, or a Content-Range whose total is another size)."""
+    if response.length is not None and response.length > size - offset:
+        return ("%s announced Content-Length %d from byte %d of a %d-byte file (%d bytes more than the file has)"
+                % (url, response.length, offset, size, response.length - (size - offset)))
+    total = re.search(r"/(\d+)\s*$", response.getheader("Content-Range") or "")
+    if total and int(total.group(1)) != size:
+        return "%s announced a %s-byte file in Content-Range, the file's size is %d bytes" % (url, total.group(1), size)
+    return None
+
+
+def capped(fill, limit):
+    """`fill` that delivers at most `limit` bytes in all (then 0, the end); `.left` is what the cap still allows."""
+    def guarded(view):
+        if guarded.left <= 0:
+            return 0
+        count = fill(view[:guarded.left])
+        guarded.left -= count
+        return count
+    guarded.left = limit
+    return guarded
+
+
+def _more_follows(response):
+    """Whether a body (one without Content-Length: chunked, or ended by the close) has a byte beyond the cap."""
+    if response.length is not None:
+        return False
+    try:
+        return bool(response.read(1))
+    except (OSError, http.client.HTTPException):
+        return False
+
+
 class Source:
     """Where the bytes come from: http (received here with http.client), rsync (rsync over SSH) or local (a path, e.g. NFS)."""
 
@@ -590,18 +628,34 @@ class Source:
             offset = _size_of(partial)
             if offset >= size:
                 return digest, offset - start
-            # received here: each piece is hashed in the buffer it arrived in and appended (append_hashed)
+            # received here: each piece is hashed in the buffer it arrived in and appended (append_hashed), never
+            # more than the file's known size: a server that sends more is refused, and its extra bytes never land
             try:
                 conn, response = open_http(url, offset, self.token, self.follow_redirects,
                                            stall_seconds=self.stall_seconds)
                 try:
-                    append_hashed(speed_guard(response.readinto, self.stall_seconds), partial, digest)
+                    problem = announced_size_problem(url, response, offset, size)
+                    if problem:
+                        raise OversizeError(problem)
+                    fill = capped(speed_guard(response.readinto, self.stall_seconds), size - offset)
+                    append_hashed(fill, partial, digest)
+                    if fill.left == 0 and _more_follows(response):
+                        raise OversizeError("%s sent more than the file's %d bytes" % (url, size))
                 finally:
                     conn.close()
                 # http.client ends a body the server cut short without an error; the announced length tells
                 if response.length:
                     raise http.client.IncompleteRead(b"", response.length)
                 return digest, _size_of(partial) - start
+            except OversizeError as exc:
+                # final, not retried: the source disagrees with the lock/catalog about the file's size. Nothing of
+                # it is kept (no partial, no quarantined copy), so runs against it never pile bytes up on the disk.
+                kept = _size_of(partial)
+                if os.path.exists(partial):
+                    os.unlink(partial)
+                raise OversizeError("oversize refused: %s; the file's size is %d bytes (lock/catalog), %d bytes "
+                                    "received from it were discarded and nothing was kept"
+                                    % (exc, size, max(kept - offset, 0)))
             except TransferError as exc:
                 last_error = str(exc)
             except http.client.IncompleteRead as exc:
@@ -620,9 +674,15 @@ class Source:
         try:
             with open(source, "rb", buffering=0) as reader:
                 reader.seek(offset)
-                received, _ = append_hashed(reader.readinto, partial, digest)
+                fill = capped(reader.readinto, max(size - offset, 0))
+                received, _ = append_hashed(fill, partial, digest)
+                longer = fill.left == 0 and bool(reader.read(1))
         except (IOError, OSError) as exc:
             raise SyncError("%s: %s (%d bytes kept in %s)" % (source, exc, _size_of(partial), partial))
+        if longer:
+            os.unlink(partial)
+            raise OversizeError("oversize refused: %s is longer than the file's %d bytes (lock/catalog); the bytes "
+                                "copied from it were discarded and nothing was kept" % (source, size))
         return digest, received
 
     def _rsync(self, relpath, partial):
@@ -639,6 +699,9 @@ class Source:
                 time.sleep(min(self.retry_delay * (attempt + 1), 60))
         raise SyncError("%s: rsync exit %d: %s (%d bytes kept in %s, the next run resumes there)"
                         % (self.describe(relpath), proc.returncode, error, _size_of(partial), partial))
+
+
+QUARANTINED_RE = re.compile(r"\.[0-9]{8}T[0-9]{6}Z\.bad")
 
 
 class Syncer:
@@ -829,8 +892,13 @@ class Syncer:
         return check_gguf(meta, self.gguf_expect, self.gguf_names.index(name), len(self.gguf_names))
 
     def _quarantine(self, partial, name):
+        """Moves a failed download aside, keeping one copy per file: the last one (earlier copies of the same file
+        go), so a source that keeps sending bad bytes never fills the disk run after run."""
         if not os.path.isdir(self.quarantine_dir):
             os.makedirs(self.quarantine_dir, 0o700)
+        for entry in os.listdir(self.quarantine_dir):
+            if entry.startswith(name + ".") and entry.endswith(".bad") and QUARANTINED_RE.fullmatch(entry[len(name):]):
+                os.unlink(os.path.join(self.quarantine_dir, entry))
         bad = os.path.join(self.quarantine_dir, "%s.%s.bad" % (name, time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())))
         try:
             os.rename(partial, bad)

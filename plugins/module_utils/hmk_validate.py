@@ -12,12 +12,17 @@ Pure Python 3 standard library: the filter, the modules and the unit tests impor
 """
 from __future__ import absolute_import, division, print_function
 
+import functools
+import inspect
 import ipaddress
 import json
+import math
 import os
 import re
 
 __metaclass__ = type
+
+builtin_min, builtin_max = min, max  # the rules' options are named min and max, as the tables write them
 
 # C0 controls, DEL, and the characters Unicode (and Python's splitlines) treats as line breaks.
 CONTROL = re.compile("[\x00-\x1f\x7f\x85\u2028\u2029]")
@@ -53,6 +58,17 @@ OT_BUFFER = re.compile(r"CPU|CUDA[0-9]+|ROCm[0-9]+|Vulkan[0-9]+|SYCL[0-9]+|Metal
 SYSTEMD_CALENDAR = re.compile(r"(minutely|hourly|daily|weekly|monthly|quarterly|semiannually|yearly|"
                               r"[A-Za-z0-9*:/,. ~-]{1,64})")
 
+# A decimal number as YAML or an operator writes it. float() also takes "nan", "inf", "infinity", "1_000" and
+# surrounding whitespace; none of those is a setting, and NaN passes every range comparison (NaN < 0 and NaN > 0
+# are both false), so a NaN reserve would render as 0 bytes of headroom.
+DECIMAL = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
+# What YAML 1.1 (Ansible's inventories) reads as a boolean when unquoted, and Ansible's `| bool` as true/false.
+BOOL_WORDS = ("yes", "no", "on", "off", "true", "false", "y", "n")
+# An IPv6 zone ID: an interface name (Linux: at most 15 characters, IFNAMSIZ - 1) or an interface index. The zone
+# reaches unit files and command lines beside the address, so it is one plain token.
+ZONE_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,14}")
+PORT_MIN, PORT_MAX = 1, 65535
+
 # Directories a role must never create, chown or chmod as its own (a models root of /etc, a config dir of /tmp).
 SYSTEM_DIRS = ("/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/libx32", "/media",
                "/mnt", "/opt", "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/usr/bin",
@@ -64,16 +80,26 @@ FOREIGN_TREES = ("/proc", "/sys", "/dev", "/boot", "/usr", "/bin", "/sbin", "/li
 GPU_ARCHS = ("75", "80", "86", "87", "89", "90", "100", "103", "120", "121")
 
 
+def _huge(value):
+    """An integer too long for Python to print (int <-> str stops at 4300 digits), described instead."""
+    return "<an integer of about %d digits>" % int(abs(value).bit_length() * math.log10(2) + 1)
+
+
 def show(value, secret=False, limit=120):
     """The value as a refusal shows it: JSON (control characters escaped), a secret only as its length."""
     if secret:
         if isinstance(value, str):
             return "<secret, %d characters>" % len(value)
         return "<secret>"
+    if _is_int(value) and value.bit_length() > 4000:
+        return _huge(value)
     try:
         text = json.dumps(value, sort_keys=True, default=str)
     except (TypeError, ValueError):
-        text = repr(value)
+        try:
+            text = repr(value)
+        except ValueError:  # a huge integer inside a list or dict
+            text = "<%s that cannot be printed>" % type(value).__name__
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
@@ -100,8 +126,38 @@ def _as_int(value):
     if _is_int(value):
         return value
     if isinstance(value, str) and re.fullmatch(r"-?[0-9]+", value):
-        return int(value)
+        try:
+            return int(value)
+        except ValueError:  # more digits than int() converts: no setting is that large
+            return None
     return None
+
+
+def _as_number(value):
+    """The value as a finite int or float, or None: never a boolean, NaN or an infinity, in any spelling."""
+    if _is_int(value):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, str) and len(value) <= 64 and DECIMAL.fullmatch(value):
+        number = float(value)
+        return number if math.isfinite(number) else None
+    return None
+
+
+def _not_a_number(value, what):
+    """Why a value that is not a finite number was refused: booleans and NaN/infinity get their own words."""
+    if isinstance(value, bool) or (isinstance(value, str) and value.strip().lower() in BOOL_WORDS):
+        return ("%s, not a boolean (YAML reads unquoted yes/no/on/off/true/false as true or false, and Python counts "
+                "true as 1)" % what)
+    if isinstance(value, str) and len(value) <= 64:
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if isinstance(value, float) and not math.isfinite(value):
+        return "%s that is finite (not NaN or an infinity; NaN passes every range check)" % what
+    return what
 
 
 # ------------------------------------------------------------------------------------------------ rules
@@ -201,7 +257,31 @@ def rule_rel_path(value, allow_empty=False, **_):
     return None
 
 
-def rule_url(value, schemes=("http", "https"), allow_empty=False, **_):
+def _url_port_problem(host):
+    """The port of a URL's host[:port] outside 1-65535, as a sentence, or None."""
+    port = re.search(r":([0-9]+)$", host) if not host.endswith("]") else None
+    if port and not PORT_MIN <= int(port.group(1)) <= PORT_MAX:
+        return "a port from %d to %d after the host" % (PORT_MIN, PORT_MAX)
+    return None
+
+
+def loopback_address(host):
+    """Whether `host` is a loopback IP literal (127.0.0.0/8, ::1; [::1] as a URL writes it). Names are not: the kit
+    does not know what they resolve to. An address with a zone ID (::1%eth0) never is: a zone scopes a link-local
+    address to an interface, and what follows % is not checked by the address parser."""
+    if not isinstance(host, str) or "%" in host:
+        return False
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def rule_url(value, schemes=("http", "https"), allow_empty=False, carries_secret=False, **_):
+    """A URL of one of `schemes`; `carries_secret`: the kit sends a token to it, so https, and http only to a loopback
+    address (where the token does not cross a network: the test beds' stand-in servers on 127.0.0.1)."""
     if value == "" and allow_empty:
         return None
     if not isinstance(value, str):
@@ -227,6 +307,14 @@ def rule_url(value, schemes=("http", "https"), allow_empty=False, **_):
     if match.group(1).lower() != "file" and not re.fullmatch(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:[0-9]{1,5})?",
                                                                host):
         return "%s with a host name" % allowed
+    problem = _url_port_problem(host)
+    if problem:
+        return "%s with %s" % (allowed, problem)
+    if carries_secret and match.group(1).lower() != "https":
+        name = re.sub(r":[0-9]+$", "", host) if not host.endswith("]") else host
+        if not (match.group(1).lower() == "http" and loopback_address(name)):
+            return ("an https:// URL: the kit sends a token to it, which http:// would carry in cleartext (http:// "
+                    "only to a loopback address, 127.0.0.0/8 or [::1], where the token does not leave the machine)")
     return None
 
 
@@ -257,7 +345,7 @@ def rule_rsync_source(value, allow_empty=False, **_):
 def rule_int(value, min=None, max=None, **_):  # noqa: A002 - the option names read as the table does
     number = _as_int(value)
     if number is None:
-        return "an integer"
+        return _not_a_number(value, "an integer")
     if (min is not None and number < min) or (max is not None and number > max):
         if min is not None and max is not None:
             return "an integer from %d to %d" % (min, max)
@@ -266,11 +354,10 @@ def rule_int(value, min=None, max=None, **_):  # noqa: A002 - the option names r
 
 
 def rule_number(value, min=None, max=None, **_):  # noqa: A002
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        try:
-            value = float(value)
-        except (TypeError, ValueError):
-            return "a number"
+    number = _as_number(value)
+    if number is None:
+        return _not_a_number(value, "a number")
+    value = number
     if (min is not None and value < min) or (max is not None and value > max):
         return "a number from %s to %s" % (min if min is not None else "-inf", max if max is not None else "inf")
     return None
@@ -287,16 +374,26 @@ def rule_choice(value, choices=(), **_):
 def rule_ip(value, **_):
     if not isinstance(value, str):
         return "an IP address"
+    # Python's parser takes anything after % as the zone (newlines, quotes, $(...), spaces) and still calls ::1%x
+    # loopback; the address goes into unit files and command lines, and loopback drops the API key requirement.
+    zone = value.partition("%")[2] if "%" in value else None
+    if zone is not None and not ZONE_ID.fullmatch(zone):
+        return ("an IPv6 address whose zone ID (after %%) is an interface name or index: letters, digits and _ . -, "
+                "at most 15 characters (not %s)" % show(zone))
     try:
-        ipaddress.ip_address(value)
+        address = ipaddress.ip_address(value)
     except ValueError:
         return "an IPv4 or IPv6 address (like 127.0.0.1 or ::1; host names are not resolved here)"
+    if zone is not None and not address.is_link_local:
+        return "an IPv6 address with a zone ID (%%%s) only when it is link-local (fe80::/10)" % zone
     return None
 
 
 def rule_cidr(value, **_):
     if not isinstance(value, str):
         return "an IP network"
+    if "%" in value:
+        return "an IP address or network in CIDR form without a zone ID (%): an allow-list names networks, not links"
     try:
         network = ipaddress.ip_network(value, strict=False)
     except ValueError:
@@ -306,17 +403,20 @@ def rule_cidr(value, **_):
     return None
 
 
-def rule_port(value, min=1, max=65535, **_):  # noqa: A002
+def rule_port(value, min=PORT_MIN, max=PORT_MAX, **_):  # noqa: A002
+    # A caller's bounds narrow the range, never widen it: port 0 asks the kernel for any free port, and 65536 and
+    # above wrap or fail, wherever a port is accepted.
+    low, high = builtin_max(PORT_MIN, _as_int(min) or PORT_MIN), builtin_min(PORT_MAX, _as_int(max) or PORT_MAX)
     number = _as_int(value)
-    if number is None or not min <= number <= max:
-        return "a TCP port from %d to %d" % (min, max)
+    if number is None or not low <= number <= high:
+        return _not_a_number(value, "a TCP port from %d to %d" % (low, high))
     return None
 
 
 def rule_service_port(value, **_):
     number = _as_int(value)
-    if number is None or not 1024 <= number <= 65535:
-        return ("a TCP port from 1024 to 65535: the service runs without capabilities (CapabilityBoundingSet= "
+    if number is None or not 1024 <= number <= PORT_MAX:
+        return _not_a_number(value, "a TCP port from 1024 to 65535: the service runs without capabilities (CapabilityBoundingSet= "
                 "is empty), so it cannot bind a privileged port")
     return None
 
@@ -430,9 +530,18 @@ def rule_calendar(value, **_):
     return "a systemd calendar expression on one line, like weekly or Sun *-*-* 03:00"
 
 
+def _as_text(item):
+    """str() of a value, with None as empty and an integer too long to print as ?."""
+    if item is None:
+        return ""
+    if _is_int(item) and item.bit_length() > 64:  # str() refuses integers of more than 4300 digits
+        return "?"
+    return str(item)
+
+
 def rule_gpu_arch(value, **_):
     items = [part for item in (value if isinstance(value, (list, tuple)) else [value])
-             for part in re.split(r"[;,\s]+", str(item if item is not None else "")) if part]
+             for part in re.split(r"[;,\s]+", _as_text(item)) if part]
     unknown = [i for i in items if i not in GPU_ARCHS]
     if unknown or not items:
         return "compute capabilities the kit knows (%s: 89 RTX 4090, 120 RTX 5090, 90 H100/H200)" % ", ".join(GPU_ARCHS)
@@ -509,8 +618,10 @@ def _check_sysctl(var, value, string_keys):
         if problem:
             out.append(refusal(name + " key", key, problem))
             continue
-        if key in string_keys:
-            problem = rule_text(item if isinstance(item, str) else str(item), allow_empty=False)
+        if _is_int(item) and item.bit_length() > 64:
+            problem = "an integer the kernel can hold (64 bits)"
+        elif key in string_keys:
+            problem = rule_text(item if isinstance(item, str) else _as_text(item), allow_empty=False)
         elif _is_int(item):
             problem = None
         elif not isinstance(item, str) or not INT_LIST.fullmatch(item):
@@ -599,6 +710,55 @@ def check_profile(profile, var="hmk_hardware", complete=False):
         elif not gpus.get("model"):
             out.append(refusal(var + ".gpus", gpus, "gpus.arch (e.g. \"89\") or gpus.model when gpus.count > 0"))
     return out + check_all(specs)
+
+
+# ------------------------------------------------------------------------------------------ filters
+
+SECRET_NAME = re.compile(r"(^|_)(api_?key|token|secret|password|passwd|credentials?)($|_)", re.IGNORECASE)
+# What Python raises when a filter is handed the wrong type or shape (a list where a string belongs, None, a dict
+# without the key it reads, a number too large to convert).
+WRONG_INPUT = (TypeError, AttributeError, KeyError, ValueError, IndexError, OverflowError, ZeroDivisionError,
+               RecursionError)
+
+
+def describe(name, value):
+    """A filter argument as a refusal shows it: a dict by its keys, a list by its length, a secret by its length."""
+    if isinstance(value, str) and SECRET_NAME.search(name):
+        return show(value, secret=True)
+    if isinstance(value, dict):
+        return "a dict with keys %s" % show(sorted(str(k) for k in value)[:12], limit=100)
+    if isinstance(value, (list, tuple)):
+        return "a list of %d item(s)" % len(value)
+    return show(value, limit=80)
+
+
+def guard_filters(filters, error, prefix="hmk.moe_kit."):
+    """The filters of a FilterModule, each turning the Python exception a wrong-typed argument causes into `error`
+    (AnsibleFilterError) with a sentence that names the filter and each argument (name and value), never a traceback.
+
+    The filters' own refusals (already `error`) and Ansible's (undefined variables) pass through unchanged.
+    """
+    def wrap(name, function):
+        try:
+            params = [p.name for p in inspect.signature(function).parameters.values()
+                      if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        except (TypeError, ValueError):
+            params = []
+
+        @functools.wraps(function)
+        def guarded(*args, **kwargs):
+            try:
+                return function(*args, **kwargs)
+            except WRONG_INPUT as exc:
+                if isinstance(exc, error) or type(exc).__module__ != "builtins":
+                    raise
+                named = [(params[i] if i < len(params) else "argument %d" % (i + 1), arg) for i, arg in enumerate(args)]
+                named += sorted(kwargs.items())
+                raise error("%s%s refused its input (%s: %s): %s" % (
+                    prefix, name, type(exc).__name__, show(str(exc), limit=160)[1:-1],
+                    "; ".join("%s = %s" % (n, describe(n, v)) for n, v in named)))
+        return guarded
+    return dict((name, wrap(name, function)) for name, function in filters.items())
 
 
 # ---------------------------------------------------------------------------------- on the node itself

@@ -79,6 +79,7 @@ from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_hardware import (
     parse_cmdline, parse_cpuinfo, parse_cpulist, parse_dmi_system, parse_dmidecode_memory, parse_lscpu, parse_lspci,
     parse_meminfo_total_gb, parse_mokutil_sb_state, parse_numactl, parse_nvidia_smi_csv, parse_sysfs_link,
     render_markdown, render_table, summarize, unknown)
+from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_validate import check_profile
 
 C_ENV = {"LANG": "C", "LC_ALL": "C"}
 
@@ -263,6 +264,10 @@ def main():
         ),
         supports_check_mode=True,
     )
+    # The profile is checked before it is judged against: a count that is no number ends in a refusal that names it.
+    refusals = check_profile(module.params["profile"], var="profile")
+    if refusals:
+        module.fail_json(msg="refused: " + " | ".join(refusals), refusals=refusals)
     facts = gather(module)
     checks = apply_waivers(evaluate(facts, module.params["profile"], module.params["numa_balancing_fixed_later"]),
                            module.params["waive"])

@@ -73,6 +73,7 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.six.moves.urllib.error import HTTPError
 from ansible.module_utils.urls import open_url
+from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_validate import check_all
 
 PROPS = "ActiveState,SubState,MainPID,NRestarts,Result,ExecMainCode,ExecMainStatus"
 
@@ -141,6 +142,19 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
+    # What the loop and the journal call can take: a NaN or infinite `since` is no time (int() raises on it).
+    smoke = p["smoke"] or {}
+    refusals = check_all([
+        {"var": "timeout", "value": p["timeout"], "rule": "int", "min": 1, "max": 31536000},
+        {"var": "since", "value": p["since"], "rule": "number", "min": 0},
+        {"var": "journal_lines", "value": p["journal_lines"], "rule": "int", "min": 1, "max": 100000},
+        {"var": "unit", "value": p["unit"], "rule": "unit_name"},
+        {"var": "url", "value": p["url"], "rule": "url"},
+        {"var": "smoke.url", "value": smoke.get("url", "http://127.0.0.1/"), "rule": "url"},
+        {"var": "smoke.max_tokens", "value": smoke.get("max_tokens", 8), "rule": "int", "min": 1, "max": 1048576},
+        {"var": "smoke.timeout", "value": smoke.get("timeout", 300), "rule": "int", "min": 1, "max": 86400}])
+    if refusals:
+        module.fail_json(msg="refused: " + " | ".join(refusals), refusals=refusals)
     start = time.time()
     first = unit_state(module, p["unit"])
     reason = None

@@ -142,6 +142,7 @@ import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_gguf import GGUFError, layout
+from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_validate import refusal, rule_regex
 
 MAX_READ = 1 << 20
 TYPES = ((stat.S_ISREG, "file"), (stat.S_ISDIR, "directory"), (stat.S_ISLNK, "link"), (stat.S_ISCHR, "char"))
@@ -277,6 +278,25 @@ def units_state(units):
     return parse_systemctl_show(result["stdout"], units)
 
 
+def param_refusals(params):
+    """Refusals for what the system calls cannot take (a NUL byte in a path) or re cannot compile, named."""
+    out = []
+    paths = [("paths[%d]" % i, p) for i, p in enumerate(params["paths"])]
+    paths += [("read[%d]" % i, p) for i, p in enumerate(params["read"])]
+    paths += [("listdirs[%d].path" % i, d["path"]) for i, d in enumerate(params["listdirs"])]
+    paths += [("git[%d].repo" % i, g["repo"]) for i, g in enumerate(params["git"])]
+    paths += [("gguf_layout", params.get("gguf_layout") or "")]
+    for var, path in paths:
+        if "\x00" in path:
+            out.append(refusal(var, path, "a path without a NUL byte"))
+    for index, item in enumerate(params["listdirs"]):
+        if item.get("pattern"):
+            problem = rule_regex(item["pattern"])
+            if problem:
+                out.append(refusal("listdirs[%d].pattern" % index, item["pattern"], problem))
+    return out
+
+
 def probe(params):
     result = {
         "paths": dict((p, path_facts(p)) for p in params["paths"]),
@@ -330,6 +350,9 @@ def main():
         ),
         supports_check_mode=True,
     )
+    refusals = param_refusals(module.params)
+    if refusals:
+        module.fail_json(msg="refused: " + " | ".join(refusals), refusals=refusals)
     try:
         result = probe(module.params)
     except ProbeError as exc:

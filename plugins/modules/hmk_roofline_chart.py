@@ -64,6 +64,7 @@ import os
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_validate import check_all
 
 DPI = 100
 STYLES = {
@@ -72,6 +73,33 @@ STYLES = {
     "before": {"marker": "o", "color": "#ff7f0e", "size": 90},
     "tuned": {"marker": "*", "color": "#2ca02c", "size": 220},
 }
+
+
+def spec_refusals(spec):
+    """Refusals for a chart spec that is not what draw() reads: every number finite and not negative, every label
+    text; named, so that a bad report ends in a sentence, not a traceback."""
+    measure = {"rule": "number", "min": 0}
+    label = {"rule": "text"}
+    specs = [{"var": "spec.title", "value": spec.get("title") or "", "rule": "text"},
+             {"var": "spec.note", "value": spec.get("note") or "", "rule": "text"},
+             {"var": "spec.points", "value": spec.get("points") or [], "rule": "list",
+              "elements": {"rule": "dict", "keys": {"rule": "choice", "choices": ["gb_per_token", "tps", "label", "kind"]}}},
+             {"var": "spec.bandwidths", "value": spec.get("bandwidths") or [], "rule": "list",
+              "elements": {"rule": "dict", "keys": {"rule": "choice", "choices": ["gbps", "label", "kind"]}}}]
+    if spec.get("band"):
+        specs.append({"var": "spec.band", "value": spec["band"], "rule": "list", "min_items": 2, "max_items": 2,
+                      "elements": {"rule": "number", "min": 0, "max": 10}})
+    out = check_all(specs)
+    if out:
+        return out
+    for name, items, numbers in (("points", spec.get("points") or [], ("gb_per_token", "tps")),
+                                 ("bandwidths", spec.get("bandwidths") or [], ("gbps",))):
+        for index, item in enumerate(items):
+            var = "spec.%s[%d]" % (name, index)
+            specs = [dict(measure, var="%s.%s" % (var, key), value=item.get(key)) for key in numbers]
+            specs.append(dict(label, var=var + ".label", value=item.get("label")))
+            out += check_all(specs)
+    return out
 
 
 def _x_range(spec):
@@ -129,6 +157,9 @@ def main():
         argument_spec={"spec": {"type": "dict", "required": True}, "path": {"type": "path", "required": True},
                        "width_px": {"type": "int", "default": 1000}, "height_px": {"type": "int", "default": 650}},
         supports_check_mode=True)
+    refusals = spec_refusals(module.params["spec"])
+    if refusals:
+        module.fail_json(msg="refused, no chart drawn: " + " | ".join(refusals), refusals=refusals)
     path = module.params["path"]
     directory = os.path.dirname(os.path.abspath(path))
     handle, scratch = tempfile.mkstemp(prefix=".roofline-", suffix=".png", dir=directory)

@@ -63,7 +63,8 @@ import pwd
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_validate import (
-    MARK, account_pending, account_problems, parse_proc_net_tcp, port_holders, refusal, sysctl_key_refusals, unit_of_cgroup)
+    MARK, account_pending, account_problems, parse_proc_net_tcp, port_holders, refusal, rule_ip, rule_port,
+    sysctl_key_refusals, unit_of_cgroup)
 
 
 def _read(path):
@@ -90,6 +91,47 @@ def _socket_owners(inodes):
                 unit = unit_of_cgroup(_read("/proc/%s/cgroup" % pid))
                 owners[link[8:-1]] = "%s (pid %s, %s)" % (unit or "no unit", pid, comm or "?")
     return owners
+
+
+def _name(item, option, index):
+    """The variable an item stands for, as its refusals name it (the item's place when `var` is not a name)."""
+    var = item.get("var")
+    return var if isinstance(var, str) and var else "%s[%d]" % (option, index)
+
+
+def shape_refusals(params):
+    """Refusals for items that are not what the checks read (a list for a path, a port that is no port): named,
+    before any check runs, so a bad value never ends in a traceback."""
+    out = []
+    for index, item in enumerate(params["paths"]):
+        var = _name(item, "paths", index)
+        if not isinstance(item.get("var"), str):
+            out.append(refusal("paths[%d].var" % index, item.get("var"), "the name of the variable the path comes from"))
+        if not isinstance(item.get("path", ""), str):
+            out.append(refusal(var, item.get("path"), "a path (a string)"))
+        if item.get("type", "any") not in ("file", "directory", "any"):
+            out.append(refusal(var + " type", item.get("type"), "file, directory or any"))
+    for index, item in enumerate(params["ports"]):
+        var = _name(item, "ports", index)
+        if not isinstance(item.get("var"), str):
+            out.append(refusal("ports[%d].var" % index, item.get("var"), "the name of the variable the port comes from"))
+        problem = rule_port(item.get("port"))
+        if problem:
+            out.append(refusal(var, item.get("port"), problem))
+        host = item.get("host", "0.0.0.0")
+        problem = rule_ip(host)
+        if problem:
+            out.append(refusal(var + " host", host, problem))
+        if not isinstance(item.get("unit") or "", str):
+            out.append(refusal(var + " unit", item.get("unit"), "a systemd unit name"))
+    keys = params["sysctl_keys"].get("keys")
+    if keys is not None and (not isinstance(keys, list) or not all(isinstance(k, str) for k in keys)):
+        out.append(refusal(str(params["sysctl_keys"].get("var", "sysctl")), keys, "a list of sysctl key names"))
+    for index, item in enumerate(params["accounts"]):
+        for option in ("name", "group", "user_var", "group_var"):
+            if not isinstance(item.get(option) or "", str):
+                out.append(refusal("accounts[%d].%s" % (index, option), item.get(option), "a name (a string)"))
+    return out
 
 
 def check_paths(items):
@@ -131,7 +173,7 @@ def check_ports(items):
     listeners = parse_proc_net_tcp(_read("/proc/net/tcp")) + parse_proc_net_tcp(_read("/proc/net/tcp6"), ipv6=True)
     out = []
     for item in items:
-        held = port_holders(item["port"], item.get("host", "0.0.0.0"), listeners, {})
+        held = port_holders(int(item["port"]), item.get("host", "0.0.0.0"), listeners, {})
         if not held:
             continue
         owners = _socket_owners([inode for _, inode, _ in held])
@@ -156,6 +198,9 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
+    refusals = shape_refusals(p)
+    if refusals:
+        module.fail_json(msg="refused before any change: " + " | ".join(refusals), refusals=refusals)
     account_refusals, accounts = check_accounts(p["accounts"], pwd.getpwall(), grp.getgrall()) if p["accounts"] else ([], {})
     refusals = check_paths(p["paths"]) + check_sysctl_keys(p["sysctl_keys"]) + check_ports(p["ports"]) + account_refusals
     if refusals:

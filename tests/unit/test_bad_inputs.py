@@ -8,6 +8,7 @@ Refusals only the node can make (`node: true`) are the replay scenario's (molecu
 tests/unit/test_hmk_validate.py's.
 """
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -117,6 +118,25 @@ def test_every_role_has_cases_and_one_replayed_case():
     assert sorted(TABLE) == roles
     for role, cases in TABLE.items():
         assert len([c for c in cases if c.get("replay")]) == 1, role
+
+
+# The classes of bad value each kind of rule must refuse (issue 27), named by the table's `class` field.
+CLASSES_OF_RULE = {"int": {"nan", "boolean"}, "number": {"nan", "boolean"}, "port": {"boolean"},
+                   "service_port": {"boolean"}, "ip": {"zone_id"}, "cidr": {"zone_id"}}
+
+
+@pytest.mark.parametrize("role", sorted(TABLE))
+def test_every_role_has_a_case_of_each_class_its_rules_take(role):
+    """A role whose inputs include a number, a port, an address or a URL that carries a token has a case of each class
+    of bad value that kind of input draws: the table grows by classes, not by the examples an issue names."""
+    specs = (REPO / "roles" / role / "vars" / "main.yml").read_text()
+    wanted = set()
+    for rule in set(re.findall(r"\brule: (\w+)", specs)):
+        wanted |= CLASSES_OF_RULE.get(rule, set())
+    if re.search(r"carries_secret: (true|\"\{\{)", specs):
+        wanted |= {"secret_scheme", "port_range"}
+    have = set(case.get("class") for case in TABLE[role])
+    assert wanted <= have, "%s: no case of class %s" % (role, ", ".join(sorted(wanted - have)))
 
 
 # Scenarios that run a role only through an entry point without validation (their values never reach validate.yml).

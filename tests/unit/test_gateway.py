@@ -1,5 +1,6 @@
 """The gateway role's filters: backend servers from the nodes' inventory, the shared node key, the client maps."""
 import hashlib
+from pathlib import Path
 
 import pytest
 
@@ -13,13 +14,14 @@ def test_servers_follow_each_nodes_service():
         {"gateway_node_address": "node-c.internal", "gateway_node_port": "9000", "gateway_node_slots": 2},
         {},
     ]
-    got = g.gateway_servers(nodes, ["node-a", "node-b", "node-c", "node-d"])
+    # node-d is the gateway host itself: its loopback is the gateway's.
+    got = g.gateway_servers(nodes, ["node-a", "node-b", "node-c", "node-d"], "node-d")
     assert got == [
         {"name": "node-a", "address": "10.0.0.11", "port": 8080, "slots": 4},
         # A wildcard bind is not an address to connect to: the inventory's address is.
         {"name": "node-b", "address": "10.0.0.12", "port": 8080, "slots": 1},
         {"name": "node-c", "address": "node-c.internal", "port": 9000, "slots": 2},
-        # The service's defaults: loopback, 8080, the engine's one slot.
+        # The service's defaults: loopback (the gateway's own host), 8080, the engine's one slot.
         {"name": "node-d", "address": "127.0.0.1", "port": 8080, "slots": 1},
     ]
 
@@ -30,11 +32,59 @@ def test_servers_follow_each_nodes_service():
     ([{"inference_service_port": 0}], ["a"], "out of range"),
     ([{"inference_service_port": "http"}], ["a"], "not a number"),
     ([{"gateway_node_slots": 0}], ["a"], "at least 1"),
-    ([{"inference_service_port": 18593}, {"inference_service_port": 18593}], ["a", "b"], "already serves"),
+    ([{"inference_service_host": "10.0.0.1", "inference_service_port": 18593},
+      {"inference_service_host": "10.0.0.1", "inference_service_port": 18593}], ["a", "b"], "already serves"),
 ])
 def test_servers_refuse_bad_input(nodes, names, message):
     with pytest.raises(g.AnsibleFilterError, match=message):
-        g.gateway_servers(nodes, names)
+        g.gateway_servers(nodes, names, "gw", True)
+
+
+@pytest.mark.parametrize("node,source", [
+    ({}, "inference_service_host"),
+    ({"inference_service_host": "127.0.0.1"}, "inference_service_host"),
+    ({"inference_service_host": "127.0.0.3"}, "inference_service_host"),
+    ({"inference_service_host": "::1"}, "inference_service_host"),
+    ({"inference_service_host": "0.0.0.0", "ansible_host": "127.0.0.1"}, "inference_service_host"),
+    ({"gateway_node_address": "localhost"}, "gateway_node_address"),
+    ({"inference_service_engine": "ktransformers", "inference_service_host": "127.0.0.1"}, "inference_service_host"),
+])
+def test_a_loopback_node_behind_another_host_is_refused_with_what_to_set(node, source):
+    with pytest.raises(g.AnsibleFilterError) as err:
+        g.gateway_servers([{"inference_service_host": "10.0.0.11"}, node], ["node-a", "node-b"], "gateway-1")
+    message = str(err.value)
+    assert message.startswith("node-b serves on ") and "(%s), a loopback address" % source in message
+    assert "Set inference_service_host on node-b" in message and "inference_service_allowed_networks" in message
+    assert "gateway_nodes_share_loopback" in message and "already serves" not in message
+
+
+def test_loopback_nodes_pass_on_their_own_addresses_when_they_share_the_gateways_loopback():
+    nodes = [{"inference_service_host": "127.0.0.2", "inference_service_port": 18593},
+             {"inference_service_host": "127.0.0.3", "inference_service_port": 18593}]
+    got = g.gateway_servers(nodes, ["a", "b"], "gw", True)
+    assert [(s["address"], s["port"]) for s in got] == [("127.0.0.2", 18593), ("127.0.0.3", 18593)]
+
+
+def test_the_example_inventory_plans_a_gateway(tmp_path):
+    """inventories/production as shipped: the gateway's plan passes (it once failed with a misleading duplicate)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(root / ".collections"), ANSIBLE_NOCOLOR="1",
+               ANSIBLE_STDOUT_CALLBACK="json", ANSIBLE_LOAD_CALLBACK_PLUGINS="1")
+    expr = ("{{ groups['inference_nodes'] | map('extract', hostvars) | hmk.moe_kit.gateway_servers("
+            "groups['inference_nodes'], 'gateway-1', hostvars['gateway-1']['gateway_nodes_share_loopback'] "
+            "| default(false)) | to_json }}")
+    out = subprocess.run([str(Path(sys.executable).with_name("ansible")), "-i", str(root / "inventories/production"),
+                          "gateway-1", "-c", "local", "-m", "ansible.builtin.debug", "-a", "msg=" + expr],
+                         env=env, capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
+    result = json.loads(out.stdout)["plays"][0]["tasks"][0]["hosts"]["gateway-1"]
+    assert not result.get("failed"), result.get("msg")
+    got = json.loads(result["msg"]) if isinstance(result["msg"], str) else result["msg"]
+    assert [(s["name"], s["address"]) for s in got] == [
+        ("epyc-node", "192.0.2.10"), ("epyc-genoa-5090", "192.0.2.11"), ("epyc-milan-01", "192.0.2.20")]
 
 
 def test_backend_key_is_shared_or_refused_without_showing_it():
@@ -56,6 +106,8 @@ def test_client_map_holds_hashes_and_names_only():
     assert text == "%s alice\n%s bob\n" % (hashlib.sha256(key.encode()).hexdigest(), digest)
     assert key not in text
     assert g.gateway_limit_map(clients, 60) == "alice 60\nbob 5\n"
+    clients[0]["concurrent_requests"] = 3
+    assert g.gateway_concurrency_map(clients, 60, 16) == "alice 3\nbob 16\n"
 
 
 @pytest.mark.parametrize("clients,message", [
@@ -69,6 +121,9 @@ def test_client_map_holds_hashes_and_names_only():
     ([{"name": "a", "key": "x" * 20}, {"name": "a", "key": "y" * 20}], "listed twice"),
     ([{"name": "a", "key": "x" * 20}, {"name": "b", "key": "x" * 20}], "same key"),
     ([{"name": "a", "key": "x" * 20, "requests_per_minute": 0}], "at least 1"),
+    ([{"name": "a", "key": "x" * 20, "requests_per_minute": True}], "not a number"),
+    ([{"name": "a", "key": "x" * 20, "concurrent_requests": 0}], "concurrent_requests must be at least 1"),
+    ([{"name": "a", "key": "x" * 20, "concurrent_requests": "many"}], "concurrent_requests 'many' is not a number"),
 ])
 def test_clients_refuse_bad_input(clients, message):
     with pytest.raises(g.AnsibleFilterError, match=message):

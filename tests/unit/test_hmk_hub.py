@@ -2,6 +2,7 @@
 the node-side transfer through the Hub's redirect, and the peer server. Everything runs for real on 127.0.0.1 (the
 stand-in in place of the Hub, which these machines cannot reach)."""
 import hashlib
+import http.client
 import json
 import os
 import socket
@@ -30,9 +31,11 @@ PEER = os.path.join(ROOT, "roles", "model_sync", "files", "hmk-model-peer")
 QWEN, DS = "tiny-qwen3moe", "tiny-deepseek2"
 
 
-def wait_port(port):
+def wait_port(port, proc=None):
     deadline = time.time() + 15
     while time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError("the server exited with %s before port %d opened" % (proc.returncode, port))
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
             return
@@ -264,6 +267,64 @@ def test_the_lock_round_trips_and_reports_every_disagreement_with_the_catalog(hu
     assert hmk_hub.lock_problems(DS, changed(DS, revision=branch["sources"][0]["commit"]), branch) == []
 
 
+def test_the_lock_and_the_catalog_are_compared_file_by_file_and_field_by_field(hub):
+    locked = hmk_hub.resolve_model(QWEN, entry(QWEN), hub.url, TOKEN)
+    first, second, third = (f["name"] for f in locked["files"])
+    tampered = json.loads(json.dumps(locked))
+    tampered["files"][0]["repo"] = "hmk-lab/elsewhere"
+    tampered["files"][1]["commit"] = "2" * 40
+    tampered["files"][2]["path"] = "Q4/" + third
+    tampered["sources"][0]["commit"] = "3" * 40  # the catalog pins a commit: the lock must pin that one
+    problems = hmk_hub.lock_problems(QWEN, entry(QWEN), tampered)
+    pinned = entry(QWEN)["huggingface"]["revision"]
+    assert "%s: %s has repo hmk-lab/elsewhere in the lock, the catalog says %s" % (
+        QWEN, first, entry(QWEN)["huggingface"]["repo"]) in problems
+    assert "%s: %s has commit %s in the lock, the catalog says %s" % (QWEN, second, "2" * 40, pinned) in problems
+    assert "%s: %s has path Q4/%s in the lock, the catalog says Q8_0/%s" % (QWEN, third, third, third) in problems
+    assert "%s: the lock pins files at commit %s, the catalog pins commit %s" % (QWEN, "3" * 40, pinned) in problems
+    # a branch: each file's commit must be the commit the lock resolved the branch to
+    branch = hmk_hub.resolve_model(DS, entry(DS), hub.url, TOKEN)
+    moved = json.loads(json.dumps(branch))
+    moved["files"][0]["commit"] = "4" * 40
+    assert hmk_hub.lock_problems(DS, entry(DS), moved) == [
+        "%s: %s has commit %s in the lock, the catalog says %s" % (DS, moved["files"][0]["name"], "4" * 40,
+                                                                   branch["sources"][0]["commit"])]
+
+
+def _break(path, value):
+    def apply(locked):
+        target = locked
+        for key in path[:-1]:
+            target = target[key]
+        if value is KeyError:
+            del target[path[-1]]
+        else:
+            target[path[-1]] = value
+        return locked
+    return apply
+
+
+@pytest.mark.parametrize("damage, expected", [
+    (_break(["files", 0, "sha256"], KeyError), "has no sha256"),
+    (_break(["files", 0, "size"], "1024"), "has size '1024', it must be a size in bytes"),
+    (_break(["files", 0, "size"], -5), "has size -5, it must be a size in bytes"),
+    (_break(["files", 0, "size"], True), "has size True, it must be a size in bytes"),
+    (_break(["files", 0, "sha256"], "not-a-hash"), "has sha256 'not-a-hash', it must be a sha256"),
+    (_break(["files", 1, "commit"], 12345), "has commit 12345, it must be a commit id"),
+    (_break(["files", 1, "path"], "../../etc/passwd"), "has path '../../etc/passwd', it must be a relative path"),
+    (_break(["files", 1], "a string"), "files[1] is 'a string', not a mapping"),
+    (_break(["files"], {"a": 1}), "files is {'a': 1}, not a list of files"),
+    (_break(["sources"], None), "sources is None, not a list"),
+    (_break(["sources", 0, "commit"], KeyError), "sources[0] has no commit"),
+    (_break(["sources", 0], ["x"]), "sources[0] is ['x'], not a mapping"),
+    (lambda locked: "just a string", "it is str, not a mapping"),
+])
+def test_a_malformed_lock_entry_is_refused_by_name_not_with_a_traceback(hub, damage, expected):
+    locked = damage(hmk_hub.resolve_model(QWEN, entry(QWEN), hub.url, TOKEN))
+    problems = hmk_hub.lock_problems(QWEN, entry(QWEN), locked)
+    assert any(p.startswith("%s: the lock entry is malformed:" % QWEN) and expected in p for p in problems), problems
+
+
 @pytest.mark.parametrize("text", ["", "version: 2\nmodels: {}\n", "- a\n- b\n", "models: [\n"])
 def test_a_lock_that_is_not_a_lock_is_refused(tmp_path, text):
     path = tmp_path / "models.lock.yml"
@@ -338,6 +399,14 @@ def test_bytes_that_do_not_match_the_hubs_sha256_are_quarantined_not_published(h
 
 @pytest.fixture()
 def peer(tmp_path):
+    proc, url, root = start_peer(tmp_path)
+    yield url, root
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def start_peer(tmp_path, *extra):
+    """The peer server on 127.0.0.1 over a small models root: (process, URL, root)."""
     root = tmp_path / "models"
     (root / QWEN).mkdir(parents=True)
     (root / ".hmk-sync").mkdir()
@@ -350,9 +419,21 @@ def peer(tmp_path):
     token_file.write_text("peer-token-0123456789\n")
     port = free_port()
     proc = subprocess.Popen([sys.executable, PEER, "--root", str(root), "--bind", "127.0.0.1", "--port", str(port),
-                             "--token-file", str(token_file)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_port(port)
-    yield "http://127.0.0.1:%d" % port, root
+                             "--token-file", str(token_file)] + list(extra),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_port(port, proc)
+    except BaseException:
+        proc.kill()
+        proc.wait(timeout=10)
+        raise
+    return proc, "http://127.0.0.1:%d" % port, root
+
+
+@pytest.fixture()
+def bounded_peer(tmp_path, request):
+    proc, url, root = start_peer(tmp_path, *request.param)
+    yield url, root
     proc.terminate()
     proc.wait(timeout=10)
 
@@ -391,6 +472,108 @@ def test_a_node_fills_from_the_peer_with_the_same_verification(peer, tmp_path):
     wrong = dict(item, name="a.bin", sha256="c" * 64)
     result = hmk.Syncer(QWEN, str(dest / "again"), str(dest / ".s2"), str(dest / ".q2"), [wrong], source).run()
     assert "failed verification" in result["errors"][0]
+
+
+def raw_get(url, path, headers=None, source="127.0.0.1", timeout=10):
+    """(status, headers, body) of one GET from the `source` address; (None, None, None) when the server closed the
+    connection without answering."""
+    port = int(url.rsplit(":", 1)[1])
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout, source_address=(source, 0))
+    try:
+        conn.request("GET", path, headers=dict({"Authorization": "Bearer peer-token-0123456789"}, **(headers or {})))
+        response = conn.getresponse()
+        return response.status, dict(response.getheaders()), response.read()
+    except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+        return None, None, None
+    finally:
+        conn.close()
+
+
+def test_the_peer_answers_416_to_every_malformed_or_unsatisfiable_range(peer):
+    url, root = peer
+    size = (root / QWEN / "a.bin").stat().st_size
+    path = "/%s/a.bin" % QWEN
+    for wanted in ("bytes=1000-999", "bytes=10-5", "bytes=%d-" % size, "bytes=%d-%d" % (size + 5, size + 9),
+                   "bytes=abc", "bytes=0-1,5-6", "bytes=-100", "items=0-10", "bytes=" + "9" * 30 + "-", ""):
+        status, headers, body = raw_get(url, path, {"Range": wanted})
+        assert (status, headers["Content-Range"], body) == (416, "bytes */%d" % size, b""), wanted
+    data = (root / QWEN / "a.bin").read_bytes()
+    assert raw_get(url, path, {"Range": "bytes=5-9"})[::2] == (206, data[5:10])
+    assert raw_get(url, path, {"Range": "bytes=%d-%d" % (size - 2, size + 100)})[::2] == (206, data[-2:])
+
+
+def _closed_within(sock, seconds):
+    """Whether the server closed `sock` within `seconds` (what it sent before is read and dropped)."""
+    sock.settimeout(seconds)
+    try:
+        while sock.recv(4096):
+            pass
+        return True
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
+
+
+@pytest.mark.parametrize("bounded_peer", [("--timeout", "1")], indirect=True)
+def test_the_peer_drops_an_idle_and_a_slow_client_after_its_timeout(bounded_peer):
+    url, _ = bounded_peer
+    port = int(url.rsplit(":", 1)[1])
+    idle = socket.create_connection(("127.0.0.1", port))
+    started = time.monotonic()
+    assert _closed_within(idle, 5) and time.monotonic() - started < 4
+    idle.close()
+    slow = socket.create_connection(("127.0.0.1", port))  # a byte every 0.3 s: each read is in time, the whole is not
+    started, cut = time.monotonic(), False
+    for byte in b"GET /%s/a.bin HTTP/1.1\r\nHost: x\r\n" % QWEN.encode():
+        try:
+            slow.sendall(bytes([byte]))
+        except OSError:
+            cut = True
+            break
+        time.sleep(0.3)
+        if time.monotonic() - started > 6:
+            break
+    assert cut or _closed_within(slow, 1), "a client sending its headers byte by byte was never dropped"
+    assert time.monotonic() - started < 6
+    slow.close()
+    assert raw_get(url, "/%s/a.bin" % QWEN)[0] == 200
+
+
+@pytest.mark.parametrize("bounded_peer", [("--max-connections", "2", "--timeout", "30")], indirect=True)
+def test_the_peer_serves_its_connection_limit_and_answers_503_beyond_it(bounded_peer):
+    url, _ = bounded_peer
+    port = int(url.rsplit(":", 1)[1])
+    held = []
+    deadline = time.monotonic() + 10
+    while len(held) < 2 and time.monotonic() < deadline:  # a slot may still be taken by wait_port's probe for a moment
+        sock = socket.create_connection(("127.0.0.1", port))
+        if _closed_within(sock, 0.5):
+            sock.close()
+        else:
+            held.append(sock)
+    assert len(held) == 2
+    refused = [raw_get(url, "/%s/a.bin" % QWEN) for _ in range(5)]
+    assert [r[0] for r in refused] == [503] * 5 and refused[0][1]["Retry-After"] == "5"
+    for sock in held:
+        sock.close()
+    time.sleep(0.3)
+    assert [raw_get(url, "/%s/a.bin" % QWEN)[0] for _ in range(5)] == [200] * 5  # slots are given back
+
+
+@pytest.mark.parametrize("bounded_peer", [("--allow", "127.0.0.2", "--allow", "10.20.0.0/16")], indirect=True)
+def test_only_clients_on_the_peers_allow_list_get_an_answer(bounded_peer):
+    url, _ = bounded_peer
+    assert raw_get(url, "/%s/a.bin" % QWEN, source="127.0.0.2")[0] == 200
+    assert raw_get(url, "/%s/a.bin" % QWEN, source="127.0.0.3") == (None, None, None)
+    assert raw_get(url, "/%s/a.bin" % QWEN, source="127.0.0.1") == (None, None, None)
+
+
+@pytest.mark.parametrize("bounded_peer", [("--allow", "localhost")], indirect=True)
+def test_an_allow_list_entry_may_be_a_host_name_resolved_at_start(bounded_peer):
+    url, _ = bounded_peer
+    assert raw_get(url, "/%s/a.bin" % QWEN, source="127.0.0.1")[0] == 200
+    assert raw_get(url, "/%s/a.bin" % QWEN, source="127.0.0.2") == (None, None, None)
 
 
 def test_every_catalog_entry_can_be_asked_of_the_hub():

@@ -4,6 +4,7 @@ file): every newline or control character is refused before anything is written.
 import hashlib
 import importlib
 import importlib.util
+import inspect
 import json
 import os
 import pwd
@@ -466,3 +467,215 @@ def test_the_gate_sends_the_smoke_completion_with_the_key_and_returns_what_came_
         closed = sock.getsockname()[1]
     down = gate.completion(dict(smoke, url="http://127.0.0.1:%d/v1/chat/completions" % closed))
     assert down["status"] == 0 and down["json"] == {} and down["error"]
+
+
+# ------------------------------------------------------------------------- classes of bad value (issue 27)
+# Each class is refused by every rule that takes that kind of value, whatever the spelling, and the refusal says why.
+
+NAN_AND_INFINITIES = [float("nan"), float("inf"), float("-inf"), "nan", "NaN", "-nan", "inf", "+inf", "-Infinity",
+                      "INFINITY", "1e999", "-1e999", "1E400"]
+NUMBER_RULES = [("int", {}), ("int", {"min": 0, "max": 100}), ("number", {}), ("number", {"min": 0, "max": 1024}),
+                ("port", {}), ("service_port", {})]
+
+
+@pytest.mark.parametrize("rule,opts", NUMBER_RULES)
+@pytest.mark.parametrize("value", NAN_AND_INFINITIES, ids=str)
+def test_nan_and_infinities_are_refused_by_every_number_rule_with_or_without_bounds(rule, opts, value):
+    problem = refused(rule, value, **opts)
+    assert problem and "not NaN or an infinity" in problem, problem
+
+
+BOOLEANS = [True, False, "yes", "no", "on", "off", "true", "False", "YES"]
+
+
+@pytest.mark.parametrize("rule,opts", NUMBER_RULES)
+@pytest.mark.parametrize("value", BOOLEANS, ids=str)
+def test_booleans_are_refused_where_a_number_count_or_port_belongs(rule, opts, value):
+    # bool is a subclass of int in Python, and YAML 1.1 reads an unquoted yes as true: yes would count as 1.
+    problem = refused(rule, value, **opts)
+    assert problem and "not a boolean" in problem, problem
+
+
+def test_numbers_keep_their_ordinary_spellings():
+    for good in (0, 5, 2.5, "3", "0.25", "-1", "1e3", ".5"):
+        assert refused("number", good) is None, good
+    for bad in (" 5", "5 ", "1_000", "0x10", "", None, [1], {"a": 1}):
+        assert refused("number", bad), bad
+
+
+ZONE_INJECTIONS = ["fe80::1%eth0\n", "fe80::1%eth0\nExecStartPre=/bin/sh", "fe80::1%'eth0'", 'fe80::1%"x"',
+                   "fe80::1%$(id)", "fe80::1%`id`", "fe80::1%a b", "fe80::1%%", "fe80::1%a/b", "fe80::1%",
+                   "fe80::1%" + "x" * 16, "fe80::1%eth0;reboot"]
+
+
+@pytest.mark.parametrize("value", ZONE_INJECTIONS)
+def test_zone_ids_are_plain_interface_tokens(value):
+    problem = refused("ip", value)
+    assert problem and "zone ID" in problem, problem
+
+
+def test_a_zone_id_only_on_a_link_local_address_and_never_in_an_allow_list():
+    for good in ("fe80::1%eth0", "fe80::1%2", "fe80::abcd%enp1s0f0.100"):
+        assert refused("ip", good) is None, good
+    for bad in ("::1%lo", "::1%eth0", "2001:db8::1%eth0"):
+        assert "link-local" in refused("ip", bad), bad
+    for bad in ("::1%lo/128", "fe80::%eth0/64"):
+        assert "without a zone ID" in refused("cidr", bad), bad
+
+
+def test_an_address_with_a_zone_id_is_never_loopback():
+    # ::1%... used to be loopback, which drops the API key requirement of a node that listens there.
+    filters = _module("hmk_validate_filters_lo", REPO / "plugins" / "filter" / "hmk_validate.py").FilterModule().filters()
+    for host in ("::1%lo", "::1%$(id)", "::1%eth0\n", "[::1%lo]", "localhost", "127.0.0.1.evil.lab", "", None, ["::1"]):
+        assert v.loopback_address(host) is False, host
+        assert filters["hmk_is_loopback"](host) is False, host
+    for host in ("127.0.0.1", "127.3.2.1", "::1", "[::1]"):
+        assert v.loopback_address(host) is True, host
+    assert filters["hmk_is_loopback"]("::1") is True
+
+
+def test_ports_outside_1_to_65535_are_refused_whatever_bounds_a_caller_gives():
+    for value, opts in ((0, {}), ("0", {}), (65536, {}), (-1, {}), (0, {"min": 0}), (70000, {"max": 70000}),
+                        (65536, {"max": 100000}), (0, {"min": -5, "max": 100000})):
+        problem = refused("port", value, **opts)
+        assert problem and "from 1 to 65535" in problem, (value, opts, problem)
+    # a caller's bounds still narrow the range
+    assert refused("port", 80, min=1024) and refused("port", 1024, min=1024) is None
+    assert refused("port", 65535) is None and refused("port", 1) is None
+
+
+def test_a_port_in_a_url_is_a_port_too():
+    for url in ("http://models.lab:0/gguf", "https://hub.lab:65536", "https://hub.lab:99999/x", "http://[::1]:70000/",
+                "https://hub.lab:00000/"):
+        problem = refused("url", url)
+        assert problem and "a port from 1 to 65535" in problem, (url, problem)
+    for good in ("https://hub.lab:443/", "http://127.0.0.1:18581", "http://[::1]:8080/x", "https://hub.lab:1"):
+        assert refused("url", good) is None, good
+
+
+def test_a_url_that_carries_a_token_is_https_unless_loopback():
+    for url in ("http://huggingface.co", "http://hub.lab:8080/api", "http://127.0.0.1.hub.lab/", "http://localhost:18581",
+                "http://10.0.0.5:8080", "http://[fe80::1]/", "HTTP://hub.lab/"):
+        problem = refused("url", url, carries_secret=True)
+        assert problem and "an https:// URL" in problem and "loopback" in problem, (url, problem)
+        assert refused("url", url) is None  # the same URL without a token to send is fine
+    # The test beds' stand-in Hub and store listen on 127.0.0.1 over http (molecule/model_sync_hub, _transfer).
+    for good in ("http://127.0.0.1:18581", "http://127.0.0.1:18431/models", "http://[::1]:8080", "https://hub.lab",
+                 "https://10.0.0.5:8443/x"):
+        assert refused("url", good, carries_secret=True) is None, good
+
+
+def test_the_hub_endpoint_and_an_authenticated_store_are_declared_as_carrying_a_token():
+    specs = (REPO / "roles" / "model_sync" / "vars" / "main.yml").read_text()
+    import yaml
+    by_var = dict((s["var"], s) for s in yaml.safe_load(specs)["__model_sync_input_specs"])
+    assert by_var["model_sync_hub_endpoint"].get("carries_secret") is True
+    assert "model_sync_http_token" in str(by_var["model_sync_http_base_url"].get("carries_secret"))
+
+
+def test_huge_and_odd_values_end_in_a_refusal_not_an_exception():
+    huge = 10 ** 5000
+    assert "about 5001 digits" in v.refusal("x", huge, "a number")
+    assert v.show([huge]) and v.show({"a": huge})
+    assert refused("int", "9" * 5000) and refused("port", huge) and refused("number", huge, max=10)
+    assert refused("int", huge, max=10) and v.check({"var": "n", "value": huge, "rule": "int", "max": 10})
+    for value in (None, [1], {"a": 1}, "\udcff", "a\x00b", huge, float("nan")):
+        for rule in v.RULES:
+            v.check({"var": "x", "value": value, "rule": rule})
+        assert v.check({"var": "s", "value": {"vm.x": value, "kernel.y": value}, "rule": "sysctl",
+                        "string_keys": ["kernel.y"]})
+        assert v.check_profile({"cpu": {"sockets": value}, "gpus": {"count": value}, "models_min_free_gb": value})
+
+
+# Filters: a wrong-typed argument ends in AnsibleFilterError naming the filter and its arguments.
+FILTER_FILES = ["doctor", "hmk_nvidia", "hmk_validate", "inference_service", "kernel_tuning", "ktransformers_build",
+                "llama_build", "monitoring", "validate"]
+WRONG_TYPES = [None, [1, 2], {"a": 1}, 10 ** 30, "x\n\x00y", [None], {"a": {"b": None}}]
+
+
+@pytest.mark.parametrize("name", FILTER_FILES)
+def test_every_filter_refuses_wrong_types_without_a_python_exception(name):
+    from ansible.errors import AnsibleFilterError
+    plugin = importlib.import_module("ansible_collections.hmk.moe_kit.plugins.filter." + name)
+    failures = []
+    for filter_name, function in plugin.FilterModule().filters().items():
+        count = len([p for p in inspect.signature(function).parameters.values()
+                     if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)])
+        for value in WRONG_TYPES:
+            try:
+                function(*([value] * max(count, 1)))
+            except AnsibleFilterError:
+                pass
+            except Exception as exc:  # noqa: BLE001 - what is looked for is any exception Python raised by itself
+                if type(exc).__module__ == "builtins":
+                    failures.append("%s(%s): %s: %s" % (filter_name, v.show(value)[:30], type(exc).__name__, exc))
+    assert not failures, "\n".join(failures[:20])
+
+
+def test_a_filters_refusal_names_the_filter_and_each_argument():
+    from ansible.errors import AnsibleFilterError
+    plugin = importlib.import_module("ansible_collections.hmk.moe_kit.plugins.filter.inference_service")
+    ready_timeout = plugin.FilterModule().filters()["inference_service_ready_timeout"]
+    with pytest.raises(AnsibleFilterError) as err:
+        ready_timeout([1, 2], 60, 2)
+    message = str(err.value)
+    assert "inference_service_ready_timeout" in message and "model_bytes = a list of 2 item(s)" in message, message
+    assert "base = 60" in message and "per_gb = 2" in message, message
+
+
+def test_a_secret_argument_of_a_filter_is_shown_by_its_length_only():
+    def needs_a_dict(opts, api_key):
+        return opts["x"]
+    guarded = v.guard_filters({"f": needs_a_dict}, RuntimeError)["f"]
+    with pytest.raises(RuntimeError) as err:
+        guarded("not a dict", "sk-0123456789abcdef")
+    assert "sk-0123" not in str(err.value) and "api_key = <secret, 19 characters>" in str(err.value)
+
+
+def test_the_scrape_targets_ports_and_addresses_are_checked():
+    from ansible.errors import AnsibleFilterError
+    plugin = importlib.import_module("ansible_collections.hmk.moe_kit.plugins.filter.monitoring")
+    scrape = plugin.FilterModule().filters()["monitoring_scrape_configs"]
+    good = {"name": "node-a", "address": "10.0.0.5", "node_exporter_port": 9100, "engine_port": 8080,
+            "engine_key": True, "gpu_exporter_port": 0}
+    assert scrape([good])
+    for key, value, words in (("engine_port", 0, "inference_service_port"),
+                              ("node_exporter_port", 65536, "monitoring_node_exporter_port"),
+                              ("gpu_exporter_port", 70000, "monitoring_dcgm_exporter_port"),
+                              ("engine_port", True, "not a boolean"), ("engine_port", "abc", "inference_service_port"),
+                              ("address", "10.0.0.5\n- targets: [evil:80]", "monitoring_scrape_address"),
+                              ("address", "fe80::1%$(id)", "monitoring_scrape_address")):
+        with pytest.raises(AnsibleFilterError) as err:
+            scrape([dict(good, **{key: value})])
+        assert words in str(err.value) and "node-a" in str(err.value), str(err.value)
+
+
+# Modules: every one ends a bad argument in a refusal that names it (run as Ansible runs them, in their own process).
+@pytest.mark.parametrize("module,args,words", [
+    ("hmk_validate_node", {"ports": [{"var": "inference_service_port", "port": "abc"}]}, "inference_service_port"),
+    ("hmk_validate_node", {"ports": [{"var": "inference_service_port", "port": 0}]}, "a TCP port from 1 to 65535"),
+    ("hmk_validate_node", {"ports": [{"var": "inference_service_port", "port": True}]}, "not a boolean"),
+    ("hmk_validate_node", {"ports": [{"var": "inference_service_port"}]}, "inference_service_port = null"),
+    ("hmk_validate_node", {"ports": [{"var": "p", "port": 8080, "host": "::1%$(id)"}]}, "zone ID"),
+    ("hmk_validate_node", {"paths": [{"var": "model_path", "path": ["/srv"]}]}, "model_path"),
+    ("hmk_validate_node", {"paths": [{"path": "/srv"}]}, "paths[0].var"),
+    ("hmk_validate_node", {"sysctl_keys": {"var": "kernel_tuning_sysctl", "keys": "vm.swappiness"}},
+     "kernel_tuning_sysctl = \"vm.swappiness\" refused: a list of sysctl key names"),
+    ("hmk_roofline_chart", {"spec": {"points": [None]}, "path": "/nonexistent/chart.png"}, "spec.points[0]"),
+    ("hmk_roofline_chart", {"spec": {"points": [{"gb_per_token": "nan", "tps": 5, "label": "x"}]},
+                            "path": "/nonexistent/chart.png"}, "spec.points[0].gb_per_token"),
+    ("hmk_hardware_facts", {"profile": {"cpu": {"sockets": "x"}}}, "profile.cpu.sockets"),
+    ("hmk_hardware_facts", {"profile": {"memory": {"channels_per_socket": float("nan"), "min_speed_mts": 4800}}},
+     "profile.memory.channels_per_socket"),
+    ("hmk_hardware_facts", {"profile": {"gpus": {"count": True}}}, "profile.gpus.count"),
+    ("hmk_inference_gate", {"unit": "hmk-none.service", "url": "http://127.0.0.1:1/health", "since": float("nan"),
+                            "timeout": 1}, "since"),
+    ("hmk_inference_gate", {"unit": "hmk-none.service", "url": "http://127.0.0.1:1/health", "timeout": -1}, "timeout"),
+    ("hmk_probe", {"paths": ["/tmp/a\x00b"]}, "paths[0]"),
+    ("hmk_probe", {"listdirs": [{"path": "/tmp", "pattern": "("}]}, "listdirs[0].pattern"),
+])
+def test_every_module_refuses_a_bad_argument_by_name_without_a_traceback(tmp_path, module, args, words):
+    from module_process import run_module
+    result = run_module(module, tmp_path, args)
+    assert result.get("failed") and "exception" not in result, result
+    assert words in result["msg"], result["msg"]

@@ -2,6 +2,7 @@
 arithmetic, and the resumable, verified fetch run for real (curl against a ranged HTTP server on 127.0.0.1,
 a local source, rsync when installed)."""
 import hashlib
+import json
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import os
 import shutil
@@ -14,6 +15,7 @@ import pytest
 from gguf import GGUFReader
 
 from ansible_collections.hmk.moe_kit.plugins.module_utils import hmk_gguf
+from ansible_collections.hmk.moe_kit.plugins.module_utils import hmk_model_integrity as integrity
 from conftest_model_sync import RangedServer, catalog, generate, load_module_utils
 
 hmk = load_module_utils()
@@ -575,3 +577,136 @@ def test_rsync_appends_to_a_partial_and_the_result_is_hashed(store, tmp_path):
     result = syncer(tmp_path, hmk.Source("rsync", str(store / "tiny-qwen3moe"))).run()
     assert result["errors"] == []
     assert sha256(str(tmp_path / MODEL / name)) == entry_files()[1]["sha256"]
+
+
+# ------------------------------------------------------------------------------ bounded bytes (issue 27)
+
+class _Flood(BaseHTTPRequestHandler):
+    """Answers every GET with 64 times the file's size: with Content-Length (`/announced/...`), or without it, the
+    body ended by closing the connection (`/unannounced/...`). Counts the bytes it managed to send."""
+    protocol_version = "HTTP/1.0"
+    SIZE = 1 << 20
+
+    def do_GET(self):
+        body = self.server.body * 64
+        self.send_response(200)
+        if self.path.startswith("/announced"):
+            self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        try:
+            for start in range(0, len(body), 1 << 20):
+                self.wfile.write(body[start:start + (1 << 20)])
+                self.server.sent += 1 << 20
+        except OSError:
+            pass
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def flood():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Flood)
+    server.body, server.sent = os.urandom(_Flood.SIZE), 0
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def _tree_bytes(root):
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(str(root)) for f in files)
+
+
+@pytest.mark.parametrize("how", ["announced", "unannounced"])
+def test_a_server_sending_64_times_the_size_is_cut_at_the_size_and_nothing_piles_up(flood, tmp_path, how):
+    item = {"name": "big.bin", "size": _Flood.SIZE, "sha256": hashlib.sha256(flood.body).hexdigest()}
+    source = hmk.Source("http", "http://127.0.0.1:%d/%s" % (flood.server_address[1], how), retries=2, retry_delay=0)
+    for _ in range(3):  # each run refuses again, and the disk holds no more after the third than after the first
+        result = hmk.Syncer(MODEL, str(tmp_path / MODEL), str(tmp_path / ".s"), str(tmp_path / ".q"), [item],
+                            source).run()
+        assert len(result["errors"]) == 1 and "oversize refused" in result["errors"][0]
+        assert not (tmp_path / MODEL / "big.bin").exists()
+        assert result["bytes_received"] <= _Flood.SIZE and result["quarantined"] == []
+        assert _tree_bytes(tmp_path) == 0, "bytes of a refused oversize answer were kept"
+    assert "%d bytes" % _Flood.SIZE in result["errors"][0]
+
+
+def test_a_range_answer_for_a_file_of_another_size_is_refused(origins, tmp_path):
+    _, second = origins
+    partial = tmp_path / "r.partial"
+    partial.write_bytes(_Recorder.BODY[:100])
+    source = hmk.Source("http", "http://127.0.0.1:%d" % second.server_address[1], retries=2, retry_delay=0)
+    size = len(_Recorder.BODY) + 100  # Content-Length fits in what is missing; the total it names does not
+    with pytest.raises(hmk.SyncError, match="oversize refused: .* announced a %d-byte file in Content-Range, the "
+                                            "file's size is %d bytes" % (len(_Recorder.BODY), size)):
+        source.fetch("b", str(partial), size, hashlib.sha256(_Recorder.BODY[:100]))
+    assert len(second.seen) == 1 and not partial.exists()
+
+
+def test_quarantine_keeps_one_copy_per_file_across_runs(store, tmp_path):
+    name = "tiny-qwen3moe-00002-of-00003.gguf"
+    files = entry_files()
+    for item in files:
+        if item["name"] == name:
+            item["sha256"] = "ab" * 32  # every run receives bytes that fail verification
+    earlier = tmp_path / ".quarantine" / MODEL / ("%s.20250101T000000Z.bad" % name)
+    earlier.parent.mkdir(parents=True)
+    earlier.write_bytes(b"x" * 1000)  # what an earlier run left
+    other = tmp_path / ".quarantine" / MODEL / "notes.txt"
+    other.write_text("kept")
+    with RangedServer(str(store), str(tmp_path)) as server:
+        result = syncer(tmp_path, http(server), files=files).run()
+    assert len(result["errors"]) == 1 and len(result["quarantined"]) == 1
+    assert sorted(os.listdir(str(earlier.parent))) == sorted([os.path.basename(result["quarantined"][0]), "notes.txt"])
+
+
+def _publish(root, data):
+    """What model_sync does when a model update lands: the verified file renamed over the old one, then its stamp."""
+    final, stamp = root / "m" / "x.gguf", root / ".hmk-sync" / "m" / "x.gguf.json"
+    fresh = root / ".staging-x"
+    fresh.write_bytes(data)
+    os.replace(str(fresh), str(final))
+    stat = os.stat(str(final))
+    stamp.write_text(json.dumps({"sha256": hashlib.sha256(data).hexdigest(), "size": stat.st_size,
+                                 "mtime_ns": stat.st_mtime_ns}))
+
+
+@pytest.mark.parametrize("when", ["before hashing", "between hashing and judging"])
+def test_a_model_update_landing_during_the_rehash_is_not_quarantined(tmp_path, monkeypatch, when):
+    root = tmp_path / "models"
+    (root / "m").mkdir(parents=True)
+    (root / ".hmk-sync" / "m").mkdir(parents=True)
+    _publish(root, b"old" * 1000)
+    new = b"new version" * 2000
+    hash_file = integrity._sha256
+
+    def racing(path):  # the sync publishes while the timer reads
+        if when == "before hashing":
+            _publish(root, new)
+            return hash_file(path)
+        hashed = hash_file(path)
+        _publish(root, new)
+        return hashed
+    monkeypatch.setattr(integrity, "_sha256", racing)
+    record = integrity.rehash(str(root), str(root / ".hmk-sync"), str(root / ".quarantine"))
+    assert record["ok"] and record["mismatches"] == [], record
+    assert (root / "m" / "x.gguf").read_bytes() == new
+    assert json.loads((root / ".hmk-sync" / "m" / "x.gguf.json").read_text())["sha256"] == hashlib.sha256(new).hexdigest()
+    assert not (root / ".quarantine").exists()
+    assert [c["file"] for c in record["changed_during_rehash"]] == ([] if when == "before hashing" else ["x.gguf"])
+    monkeypatch.setattr(integrity, "_sha256", hash_file)
+    again = integrity.rehash(str(root), str(root / ".hmk-sync"), str(root / ".quarantine"))
+    assert again["ok"] and again["files_checked"] == 1 and again["changed_during_rehash"] == []
+
+
+def test_a_local_source_file_longer_than_its_size_is_refused_and_nothing_is_kept(tmp_path):
+    data = os.urandom(4096)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "x.bin").write_bytes(data * 64)
+    item = {"name": "x.bin", "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    source = hmk.Source("local", str(tmp_path / "src"))
+    result = hmk.Syncer(MODEL, str(tmp_path / "d" / MODEL), str(tmp_path / "d" / ".s"), str(tmp_path / "d" / ".q"),
+                        [item], source).run()
+    assert len(result["errors"]) == 1 and "oversize refused" in result["errors"][0] and result["quarantined"] == []
+    assert result["bytes_received"] <= len(data) and _tree_bytes(tmp_path / "d") == 0

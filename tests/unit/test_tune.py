@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ansible.parsing.yaml.loader import AnsibleLoader
 
 from test_inference_service import GENOA_5090, IK_PINNED, MILAN_4X4090, plan_for, qwen3_layout, r1_layout, svc
 from test_validate import IK_BENCH_HELP, IK_BENCH_TG_STDOUT
@@ -356,7 +357,8 @@ def test_the_tuned_file_round_trips_through_yaml_and_applies_to_the_same_build_a
     assert text.startswith("---\n# Written by playbooks/tune.yml\ntune_result:\n")
     long_header = tune.tuned_file(record, "word " * 100)
     assert max(len(line) for line in long_header.splitlines()[:8]) <= 102  # an inventory's yamllint passes
-    loaded = yaml.safe_load(text)["tune_result"]
+    # Read as the inventory reads it (Ansible's loader knows !unsafe, which every string is written with)
+    loaded = AnsibleLoader(text).get_single_data()["tune_result"]
     assert loaded == record
     assert tune.tuned_file(loaded, "Written by playbooks/tune.yml") == text  # stable bytes: a re-run changes nothing
     match = tune.tuned_match(loaded, DEPLOYED)

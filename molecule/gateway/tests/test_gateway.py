@@ -19,7 +19,8 @@ import testinfra
 
 SCRATCH = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"])
 URL = "https://127.0.0.1:18591"
-NODES = {"gw-node-a": 18593, "gw-node-b": 18594}
+# Each node on an address of its own, on the same port (molecule.yml): the gateway tells them apart by address.
+NODES = {"gw-node-a": ("127.0.0.2", 18593), "gw-node-b": ("127.0.0.3", 18593)}
 NODE_KEY = "hmk-test-node-key-5c1f0e9a7b3d"
 ALICE = "hmk-test-alice-key-4f8e21d0"
 BOB = "hmk-test-bob-key-9a3c67e2b1"
@@ -81,8 +82,8 @@ def load(name):
     return [json.loads(line) for line in (SCRATCH / name).read_text().splitlines() if line]
 
 
-def metric(port, name):
-    _, _, text = request(None, "/metrics", NODE_KEY, url="http://127.0.0.1:%d" % port)
+def metric(node, name):
+    _, _, text = request(None, "/metrics", NODE_KEY, url="http://%s:%d" % node)
     values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ")]
     assert values, "no %s in the node's /metrics" % name
     return values[0]
@@ -111,14 +112,14 @@ def test_gateway_was_converged_from_the_installed_tarball():
 # --------------------------------------------------------------------------------------------------- clients
 
 def test_requests_through_the_gateway_reach_both_nodes(hosts, tls):
-    before = {n: metric(p, "llamacpp:tokens_predicted_total") for n, p in NODES.items()}
+    before = {n: metric(a, "llamacpp:tokens_predicted_total") for n, a in NODES.items()}
     since = time.time()
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(lambda _: chat(tls), range(8)))
     assert [s for s, _, _ in results] == [200] * 8
     assert all(json.loads(b)["choices"][0]["message"]["content"] is not None for _, _, b in results)
     # Each node generated tokens for some of them (the nodes' own counters)...
-    after = {n: metric(p, "llamacpp:tokens_predicted_total") for n, p in NODES.items()}
+    after = {n: metric(a, "llamacpp:tokens_predicted_total") for n, a in NODES.items()}
     assert all(after[n] > before[n] for n in NODES), (before, after)
     # ...and the gateway's log names both as servers of alice's requests (all 8 lines written).
     def alices(lines):
@@ -179,6 +180,56 @@ def test_openai_paths_pass_through_and_node_internals_do_not(tls):
     assert status == 200 and json.loads(body)["status"] == "ok"
 
 
+# Spellings of the nodes' internals a decoding or merging server would take for /slots, /metrics or /props.
+SPELLINGS = ["/%73lots", "//slots", "/%6detrics", "/v1/../slots", "/v1/%2e%2e/slots", "/./metrics", "/%2fslots",
+             "/v1/models/../../props", "/V1/models", "/v1/Models", "/v1/models%2F..%2F..%2Fslots", "/%25%37%33lots",
+             "/slots;x", "/metrics/"]
+
+
+def raw_request(tls, method, target, key):
+    """One request with its target sent as written (urllib would not re-encode it, http.client sends it as is)."""
+    import http.client
+    conn = http.client.HTTPSConnection("127.0.0.1", 18591, context=tls, timeout=60)
+    conn.putrequest(method, target, skip_accept_encoding=True)
+    conn.putheader("Authorization", "Bearer " + key)
+    conn.putheader("Content-Length", "0")
+    conn.endheaders()
+    resp = conn.getresponse()
+    status = resp.status
+    resp.read()
+    conn.close()
+    return status
+
+
+def test_non_normalised_internal_paths_are_refused_at_the_gateway_and_reach_no_node(hosts, tls):
+    since = time.time()
+    for target in SPELLINGS:
+        assert raw_request(tls, "GET", target, LOAD) == 404, target
+    # The gateway answered each itself: its log line names no server (<NOSRV>), and shows the path as sent.
+    def refused(lines):
+        return [m for t, m in lines if t >= since - 1 and "client=load GET" in m]
+    lines = refused(haproxy_log(hosts["gw-gateway"], until=lambda lines: len(refused(lines)) >= len(SPELLINGS)))
+    assert len(lines) == len(SPELLINGS), lines
+    assert all(" 404 " in m and "<NOSRV>" in m for m in lines), lines
+    assert sorted(m.rsplit(" ", 1)[-1] for m in lines) == sorted(SPELLINGS), lines
+    # The same client reaches a node through the one normal spelling, so the refusals are the paths', not the key's.
+    assert raw_request(tls, "GET", "/v1/models", LOAD) == 200
+
+
+def test_a_loopback_node_behind_the_gateway_is_refused_at_plan_time(hosts):
+    run = json.loads((SCRATCH / "plan-loopback.json").read_text())
+    # Without colour codes (ansible-playbook colours its recap when it thinks it may).
+    out = re.sub(r"\x1b\[[0-9;]*m", "", run["stdout"] + run["stderr"])
+    assert run["rc"] != 0, out[-3000:]
+    assert ("gw-plan-loopback serves on 127.0.0.1 (inference_service_host), a loopback address: the gateway "
+            "gw-gateway would reach its own loopback") in out, out[-3000:]
+    assert "Set inference_service_host on gw-plan-loopback" in out and "gateway_nodes_share_loopback" in out
+    # It stopped while planning: nothing changed on the gateway, which still balances the two real nodes.
+    assert re.search(r"gw-gateway\s+: ok=\d+\s+changed=0\s+unreachable=0\s+failed=1", out), out[-3000:]
+    config = hosts["gw-gateway"].file("/etc/haproxy/haproxy.cfg").content_string
+    assert "gw-plan-loopback" not in config and "server gw-node-a 127.0.0.2:18593" in config
+
+
 def test_keys_stay_off_the_gateways_config_and_log(hosts):
     gw = hosts["gw-gateway"]
     config = gw.file("/etc/haproxy/haproxy.cfg").content_string
@@ -186,7 +237,8 @@ def test_keys_stay_off_the_gateways_config_and_log(hosts):
     for secret in (NODE_KEY, ALICE, BOB, LOAD):
         assert secret not in config and secret not in journal
     # The client keys are stored as sha256 only; the node key in a root-only map.
-    for path in ("/etc/haproxy/hmk/clients.map", "/etc/haproxy/hmk/backend-key.map", "/etc/haproxy/hmk/tls/gateway.pem.key"):
+    for path in ("/etc/haproxy/hmk/clients.map", "/etc/haproxy/hmk/backend-key.map", "/etc/haproxy/hmk/tls/gateway.pem.key",
+                 "/etc/haproxy/hmk/concurrency.map"):
         f = gw.file(path)
         assert (f.user, f.group, f.mode) == ("root", "root", 0o600), path
     clients = gw.file("/etc/haproxy/hmk/clients.map").content_string
@@ -201,9 +253,9 @@ def test_haproxy_is_debians_and_balances_by_least_connections_one_per_slot(hosts
     assert gw.package("haproxy").is_installed and gw.package("haproxy").version.startswith("2.6")
     config = gw.file("/etc/haproxy/haproxy.cfg").content_string
     assert "balance leastconn" in config
-    for name, port in NODES.items():
+    for name, (address, port) in NODES.items():
         # ik_llama.cpp's default of one slot (no -np in the lab): one request at a time per node, the rest queued.
-        assert "server %s 127.0.0.1:%d maxconn 1" % (name, port) in config
+        assert "server %s %s:%d maxconn 1" % (name, address, port) in config
     assert gw.service("haproxy").is_running and gw.service("haproxy").is_enabled
 
 

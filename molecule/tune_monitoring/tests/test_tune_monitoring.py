@@ -51,6 +51,17 @@ def wait_for(expr, check, seconds=60):
         time.sleep(2)
 
 
+class InventoryLoader(yaml.SafeLoader):
+    """The tuned file as Ansible reads it: its strings are tagged !unsafe (never templated)."""
+
+
+InventoryLoader.add_constructor("!unsafe", lambda loader, node: loader.construct_scalar(node))
+
+
+def tuned_record():
+    return yaml.load(TUNED.read_text(), Loader=InventoryLoader)["tune_result"]
+
+
 def tune_report():
     return json.loads((REPORTS / "tune.json").read_text())
 
@@ -80,8 +91,11 @@ def test_the_search_ran_inside_its_budget_and_recorded_every_trial():
 
 
 def test_the_tuned_file_names_the_build_and_model_it_was_found_for(host):
-    record = yaml.safe_load(TUNED.read_text())["tune_result"]
+    record = tuned_record()
     served = deployment(host)
+    # what came from the node is written so that the inventory never templates it
+    assert re.search(r"^  build: !unsafe \"%s\"$" % re.escape(served["build"]), TUNED.read_text(), re.M)
+    assert re.search(r"^  model: !unsafe \"", TUNED.read_text(), re.M)
     assert record["schema"] == "hmk-tuned/1"
     assert record["build"] == served["build"] and record["model"] == served["model"]
     assert record["model_bytes"] == host.file(served["model"]).size
@@ -93,7 +107,7 @@ def test_the_tuned_file_names_the_build_and_model_it_was_found_for(host):
 
 
 def test_the_service_runs_the_tuned_flags_and_serves(host):
-    tuned = yaml.safe_load(TUNED.read_text())["tune_result"]["vars"]
+    tuned = tuned_record()["vars"]
     assert host.service(UNIT).is_running
     args = host.file("/etc/hmk/hmk-inference.args").content_string.split("\n")
     assert args[args.index("-t") + 1] == str(tuned["inference_service_threads"])
