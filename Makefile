@@ -12,7 +12,7 @@ DEB_PACKAGES := qemu-system-x86 qemu-utils debootstrap grub-pc-bin grub2-common 
 LAB_ARGS ?=
 LAB_KIND ?= container
 
-.PHONY: help deps venv image lab lab-down lint syntax unit sanity integration collection ee cuda-sample molecule kt-native test test-quick bench fleet-bench clean \
+.PHONY: help deps venv image lab lab-down lint syntax unit sanity integration collection ee cuda-sample molecule kt-native test test-quick test-slow bench fleet-bench clean \
 	gpu-bundle gpu-acceptance
 
 help:
@@ -20,6 +20,7 @@ help:
 	@echo "make lab-down    remove the twin"
 	@echo "make test        everything CI runs: lint, syntax, unit tests, every Molecule scenario"
 	@echo "make test-quick  lint, syntax, unit tests (no twins)"
+	@echo "make test-slow   what does not fit in CI's time: kt-kernel built for this machine's NATIVE class"
 	@echo "make bench       the test bed's costs (image, boot, reboot, container, scenarios)"
 	@echo "make gpu-bundle  stage what tests/gpu/acceptance.sh needs on a GPU machine without internet"
 	@echo "make sanity      ansible-test sanity (every test but pslint) on the collection, ignores in tests/sanity/"
@@ -113,7 +114,13 @@ gpu-acceptance:
 
 test-quick: lint syntax unit
 
-test: deps venv lint syntax unit collection ee integration cuda-sample molecule
+# Not in `make test` (CI's 90 minutes): see the README's Tests section.
+test-slow: kt-native
+
+# Each part timed; reports/timing.json and reports/timing.md say what each cost and which caches it hit.
+TEST_PARTS := deps venv lint syntax unit sanity collection ee integration image cuda-sample molecule
+test:
+	python3 scripts/test-run $(TEST_PARTS)
 
 bench: deps venv image
 	benchmarks/bed.sh

@@ -1,0 +1,49 @@
+"""scripts/test-run: the timing report of `make test` and the README's cost table made from it."""
+import importlib.machinery
+import importlib.util
+import json
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _load():
+    loader = importlib.machinery.SourceFileLoader("test_run_script", str(REPO / "scripts" / "test-run"))
+    spec = importlib.util.spec_from_loader("test_run_script", loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+tr = _load()
+
+
+def test_scenario_rows_carry_results_times_and_cache_lines(tmp_path):
+    (tmp_path / "a.result").write_text("a pass 120\n")
+    (tmp_path / "a.log").write_text("x\n  │ hmk-bed-cache: hit engine-abc\nhmk-bed-cache: hit engine-abc\n")
+    (tmp_path / "b.result").write_text("b fail 300\n")
+    (tmp_path / "b.log").write_text("hmk-bed-cache: miss engine-def\nhmk-bed-cache: store engine-def\n")
+    (tmp_path / "c.result").write_text("garbage\n")
+    rows = tr._scenarios(tmp_path)
+    assert [r["name"] for r in rows] == ["b", "a"]  # longest first, malformed result left out
+    assert rows[1]["cache"] == {"hit": ["engine-abc"], "miss": [], "store": []}
+    assert rows[0]["result"] == "fail" and rows[0]["cache"]["miss"] == ["engine-def"]
+
+
+def test_readme_block_is_rewritten_and_checked(tmp_path, monkeypatch):
+    report = {"commit": "abc", "started": "2026-12-02T21:00:00Z", "cold": False, "cores": 2, "rc": 0,
+              "total_seconds": 1500, "parts": [{"name": "lint", "seconds": 60, "rc": 0, "cache": ""},
+                                               {"name": "image", "seconds": 0, "rc": 0, "cache": "hit"}],
+              "scenarios": [{"name": "a", "result": "pass", "seconds": 99,
+                             "cache": {"hit": ["engine-k"], "miss": [], "store": []}}]}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(report))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"head\n{tr.BEGIN}\nold\n{tr.END}\ntail\n")
+    monkeypatch.setattr(tr, "REPO", tmp_path)
+    assert tr.readme(str(path), check=True) == 1
+    assert tr.readme(str(path), check=False) == 0
+    text = readme.read_text()
+    assert "25:00 (1500 s)" in text and "| `image` | 0 | hit |" in text and "| a | pass | 99 | engine-k | - |" in text
+    assert text.startswith("head\n") and text.endswith("tail\n") and "old" not in text
+    assert tr.readme(str(path), check=True) == 0
