@@ -74,6 +74,8 @@ def test_the_example_inventory_plans_a_gateway(tmp_path):
     root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(root / ".collections"), ANSIBLE_NOCOLOR="1",
                ANSIBLE_STDOUT_CALLBACK="json", ANSIBLE_LOAD_CALLBACK_PLUGINS="1")
+    # Not the repository's ansible.cfg (make exports ANSIBLE_CONFIG): its timing callbacks print to stdout too.
+    env.pop("ANSIBLE_CONFIG", None)
     expr = ("{{ groups['inference_nodes'] | map('extract', hostvars) | hmk.moe_kit.gateway_servers("
             "groups['inference_nodes'], 'gateway-1', hostvars['gateway-1']['gateway_nodes_share_loopback'] "
             "| default(false)) | to_json }}")
