@@ -12,6 +12,8 @@ import pytest
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "plugins", "filter"))
+# The filter imports the collection's module_utils (the shared validator), as it does in the roles.
+sys.path.insert(0, os.path.join(ROOT, ".collections"))
 nv = importlib.import_module("hmk_nvidia")
 
 STANDIN_DIR = os.environ.get("HMK_STANDIN_DIR", "/var/tmp/hybrid-moe-kit/molecule-nvidia_driver_repo")
