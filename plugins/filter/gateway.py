@@ -17,6 +17,8 @@ import hashlib
 import ipaddress
 import re
 
+from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_haproxy import ADMF_FDRAIN, ADMF_FMAINT
+
 try:
     from ansible.errors import AnsibleFilterError
 except ImportError:  # imported without Ansible (unit tests in a bare interpreter)
@@ -201,11 +203,21 @@ def gateway_concurrency_map(clients, default_rate, default_concurrency):
                    for c in gateway_clients_checked(clients, default_rate, default_concurrency))
 
 
+def gateway_held_servers(servers):
+    """Names of the servers held out of rotation by the runtime API (forced maintenance or drain), from
+    hmk_haproxy_server's `servers` answer; maintenance from the configuration or DNS is not a hold."""
+    if not isinstance(servers, dict):
+        _fail("gateway_held_servers: expected the servers mapping of hmk_haproxy_server, got %s" % type(servers).__name__)
+    return sorted(name for name, srv in servers.items()
+                  if isinstance(srv, dict) and int(srv.get("admin_state", 0)) & (ADMF_FMAINT | ADMF_FDRAIN))
+
+
 class FilterModule(object):
     """Filters of the gateway role."""
 
     def filters(self):
         return {
+            "gateway_held_servers": gateway_held_servers,
             "gateway_servers": gateway_servers,
             "gateway_backend_key": gateway_backend_key,
             "gateway_clients_checked": gateway_clients_checked,

@@ -22,13 +22,14 @@ def _block(play):
     return blocks[0]
 
 
-def _includes(tasks, gateway=False):
+def _includes(tasks, gateway=False, heal=False):
     """(role without the collection prefix, tasks_from, vars) of each include_role; the gateway's drain/restore
-    steps only when asked (test_upgrade_drains_and_restores_the_node_on_the_gateways checks them)."""
+    steps and the self-heal's arming only when asked (the tests of the fleet contract check them)."""
     found = [(t["ansible.builtin.include_role"]["name"].removeprefix("hmk.moe_kit."),
               t["ansible.builtin.include_role"].get("tasks_from"), t.get("vars", {}))
              for t in tasks if "ansible.builtin.include_role" in t]
-    return found if gateway else [f for f in found if f[0] != "gateway"]
+    found = found if gateway else [f for f in found if f[0] != "gateway"]
+    return found if heal else [f for f in found if f[1] not in ("heal_arm", "fleet_guard")]
 
 
 def _rolling(play, serial_var):
@@ -45,6 +46,8 @@ def test_upgrade_is_rolling_and_stops_at_the_first_failed_node():
 def test_upgrade_remembers_the_build_before_building():
     play = _play("upgrade.yml")
     first = _includes(play["tasks"])[0]
+    # Only the fleet guard comes before it.
+    assert _includes(play["tasks"], heal=True)[0][:2] == ("inference_service", "fleet_guard")
     assert first[:2] == ("llama_build", "current.yml")
     names = [t["name"] for t in play["tasks"]]
     assert names.index("The build to come back to is remembered") < names.index(_block(play)["name"])
@@ -67,6 +70,11 @@ def test_upgrade_drains_and_restores_the_node_on_the_gateways():
     # Drained once the new build exists (the node served while it compiled), before the restart; back after the gate.
     assert [(r, f) for r, f, _unused in _includes(block["block"], gateway=True)] == [
         ("llama_build", None), ("gateway", "drain.yml"), ("inference_service", None), ("gateway", "restore.yml")]
+    # The self-heal is armed before the build (a killed run leaves the node on the build it served) and again, with
+    # the shorter bound, once the new build is current.
+    assert [(r, f) for r, f, _unused in _includes(block["block"], gateway=True, heal=True)] == [
+        ("inference_service", "heal_arm"), ("llama_build", None), ("inference_service", "heal_arm"),
+        ("gateway", "drain.yml"), ("inference_service", None), ("gateway", "restore.yml")]
     # A node that rolled back serves the remembered build: it goes back into rotation before the node fails.
     rescue = _includes(block["rescue"], gateway=True)
     assert [(r, f) for r, f, _unused in rescue[-2:]] == [("inference_service", None), ("gateway", "restore.yml")]
@@ -102,3 +110,30 @@ def test_model_swap_deletes_the_old_model_only_when_asked_and_after_success():
     # After the block: a failed swap never reaches it.
     assert tasks.index(removals[0]) > tasks.index(_block(play))
     assert "model_swap_remove_old | default(false) | bool" in removals[0]["when"]
+
+
+def _tune_play():
+    plays = yaml.safe_load((REPO / "playbooks" / "tune.yml").read_text())
+    assert len(plays) == 2
+    return plays[0]
+
+
+def test_every_day2_playbook_starts_each_batch_with_the_fleet_guard():
+    for play in (_play("upgrade.yml"), _play("model-swap.yml"), _tune_play()):
+        first = play["tasks"][0]["ansible.builtin.include_role"]
+        assert (first["name"], first["tasks_from"]) == ("hmk.moe_kit.inference_service", "fleet_guard")
+
+
+def test_tune_is_rolling_drains_first_and_restores_on_both_paths():
+    play = _tune_play()
+    _rolling(play, "tune_serial")
+    # The node heals itself and leaves the gateways before the search stops its service.
+    assert [(r, f) for r, f, _unused in _includes(play["tasks"], gateway=True, heal=True)][:3] == [
+        ("inference_service", "fleet_guard"), ("inference_service", "heal_arm"), ("gateway", "drain.yml")]
+    block = _block(play)
+    assert [(r, f) for r, f, _unused in _includes(block["block"], gateway=True)] == [
+        ("tune", None), ("tune", "apply"), ("inference_service", None), ("gateway", "restore.yml")]
+    # A failed search or gate: the old flags serve again and the gateways take the node back before the run fails.
+    assert [(r, f) for r, f, _unused in _includes(block["rescue"], gateway=True)] == [
+        ("inference_service", None), ("gateway", "restore.yml")]
+    assert "ansible.builtin.fail" in block["rescue"][-1]

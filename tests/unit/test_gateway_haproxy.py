@@ -14,6 +14,7 @@ import shutil
 import socket
 import ssl
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -22,11 +23,17 @@ import jinja2
 import pytest
 import yaml
 
+from ansible_collections.hmk.moe_kit.plugins.filter import gateway as gateway_filter
+from ansible_collections.hmk.moe_kit.plugins.module_utils import hmk_haproxy
+
 ROLE = Path(__file__).resolve().parents[2] / "roles" / "gateway"
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
 CLIENT_KEY = "unit-test-client-key-0123456789"
 NODE_KEY = "unit-test-node-key-abcdefghijklmnop"
 BUSY_KEY = "unit-test-busy-client-key-987654"
+
+# The running HAProxy's admin socket (the gateway fixture fills it in).
+ADMIN = {}
 
 pytestmark = pytest.mark.skipif(not os.access(HAPROXY, os.X_OK),
                                 reason="haproxy is not installed (Makefile DEB_PACKAGES: make deps)")
@@ -117,6 +124,7 @@ def gateway(tmp_path_factory):
             assert proc.poll() is None, proc.stderr.read().decode()
             assert time.time() < deadline, "haproxy did not listen"
             time.sleep(0.1)
+    ADMIN["socket"] = str(tmp / "admin.sock")
     yield port
     proc.terminate()
     proc.wait(10)
@@ -202,3 +210,43 @@ def test_a_keys_requests_in_progress_are_capped_and_the_cap_frees_as_they_end(ga
     with ThreadPoolExecutor(5) as pool:
         others = list(pool.map(lambda _: send(gateway, "POST", "/v1/completions", headers=slow), range(5)))
     assert [status for status, _unused in others] == [200] * 5
+
+
+def heal(*args):
+    """roles/gateway/files/hmk-gateway-heal as the gateway's timer runs it, importing the kit's module_utils."""
+    return subprocess.run([sys.executable, str(ROLE / "files" / "hmk-gateway-heal")] + list(args), capture_output=True,
+                          text=True, check=False, env=dict(os.environ, PYTHONPATH=str(ROLE.parents[1] / "plugins" / "module_utils")))
+
+
+def test_the_self_heal_takes_back_a_node_left_in_maintenance_and_leaves_others_alone(gateway):
+    api = hmk_haproxy.RuntimeApi(ADMIN["socket"])
+    # Not held: nothing to do, nothing changed.
+    r = heal(ADMIN["socket"], "hmk_nodes", "node-a")
+    assert r.returncode == 0 and "nothing to do" in r.stdout, r.stdout + r.stderr
+    assert api.server("hmk_nodes", "node-a")["admin_state"] == 0
+    # Held in forced maintenance (what an interrupted drain leaves): back to ready, the health check decides the rest.
+    api.set_state("hmk_nodes", "node-a", "maint")
+    assert api.server("hmk_nodes", "node-a")["admin_state"] & hmk_haproxy.ADMF_FMAINT
+    r = heal(ADMIN["socket"], "hmk_nodes", "node-a")
+    assert r.returncode == 0 and "back in rotation" in r.stdout, r.stdout + r.stderr
+    assert api.server("hmk_nodes", "node-a")["admin_state"] & (hmk_haproxy.ADMF_FMAINT | hmk_haproxy.ADMF_FDRAIN) == 0
+    # Left in drain: the same.
+    api.set_state("hmk_nodes", "node-a", "drain")
+    assert heal(ADMIN["socket"], "hmk_nodes", "node-a").returncode == 0
+    assert api.server("hmk_nodes", "node-a")["admin_state"] == 0
+    # A server this gateway does not have, and a gateway that does not answer.
+    r = heal(ADMIN["socket"], "hmk_nodes", "node-z")
+    assert r.returncode == 0 and "not a server of this gateway" in r.stdout
+    r = heal(ADMIN["socket"] + ".absent", "hmk_nodes", "node-a")
+    assert r.returncode == 1 and "admin socket" in r.stderr
+    assert heal("only-two", "args").returncode == 2
+
+
+def test_verify_names_the_held_servers_only():
+    servers = {"a": {"admin_state": 0}, "b": {"admin_state": 1}, "c": {"admin_state": 8}, "d": {"admin_state": 4},
+               "e": {"admin_state": 9}}
+    # Forced maintenance or drain (the runtime API's holds); maintenance from the configuration (4) is not a hold.
+    assert gateway_filter.gateway_held_servers(servers) == ["b", "c", "e"]
+    assert gateway_filter.gateway_held_servers({}) == []
+    with pytest.raises(Exception, match="gateway_held_servers"):
+        gateway_filter.gateway_held_servers(["a"])

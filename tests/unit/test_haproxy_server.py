@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from ansible_collections.hmk.moe_kit.plugins.module_utils import hmk_haproxy as h
 from ansible_collections.hmk.moe_kit.plugins.modules import hmk_haproxy_server as m
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "haproxy"
@@ -31,29 +32,29 @@ def test_parsers_read_each_captured_state():
     }
     for state, (admin, op, status, scur) in expect.items():
         servers, stat = fixture(state)
-        got = m.parse_servers_state(servers, "hmk_nodes")["day2-b"]
-        row = m.parse_stat(stat, "hmk_nodes")["day2-b"]
+        got = h.parse_servers_state(servers, "hmk_nodes")["day2-b"]
+        row = h.parse_stat(stat, "hmk_nodes")["day2-b"]
         assert (got["admin_state"], got["op_state"], row["status"], row["scur"]) == (admin, op, status, scur), state
         # The other server is untouched in every capture.
-        assert m.parse_stat(stat, "hmk_nodes")["day2-a"]["status"] == "UP"
-        assert sorted(m.parse_servers_state(servers, "hmk_nodes")) == ["day2-a", "day2-b"]
+        assert h.parse_stat(stat, "hmk_nodes")["day2-a"]["status"] == "UP"
+        assert sorted(h.parse_servers_state(servers, "hmk_nodes")) == ["day2-a", "day2-b"]
 
 
 def test_absent_server_or_backend():
     servers, stat = fixture("up")
-    assert "nope" not in m.parse_servers_state(servers, "hmk_nodes")
-    assert m.parse_stat(stat, "other") == {}
+    assert "nope" not in h.parse_servers_state(servers, "hmk_nodes")
+    assert h.parse_stat(stat, "other") == {}
     # FRONTEND/BACKEND rows are the proxies' totals, not servers.
-    assert "BACKEND" not in m.parse_stat(stat, "hmk_nodes")
+    assert "BACKEND" not in h.parse_stat(stat, "hmk_nodes")
     with pytest.raises(m.RuntimeApiError):
-        m.parse_servers_state((FIX / "no-such-backend.txt").read_text(), "nope")
+        h.parse_servers_state((FIX / "no-such-backend.txt").read_text(), "nope")
 
 
 def test_only_a_checked_server_counts_as_up():
-    assert m.is_up(m.parse_stat(fixture("ready-checked")[1], "hmk_nodes")["day2-b"])
+    assert m.is_up(h.parse_stat(fixture("ready-checked")[1], "hmk_nodes")["day2-b"])
     # Leaving maintenance shows "UP 1/2" before any check ran: not yet proven to serve.
-    assert not m.is_up(m.parse_stat(fixture("ready-unchecked")[1], "hmk_nodes")["day2-b"])
-    assert not m.is_up(m.parse_stat(fixture("down")[1], "hmk_nodes")["day2-b"])
+    assert not m.is_up(h.parse_stat(fixture("ready-unchecked")[1], "hmk_nodes")["day2-b"])
+    assert not m.is_up(h.parse_stat(fixture("down")[1], "hmk_nodes")["day2-b"])
 
 
 def test_wanted_change_per_state():
@@ -61,7 +62,7 @@ def test_wanted_change_per_state():
     assert m.wanted_change("drain", 0) and not m.wanted_change("drain", 8) and m.wanted_change("drain", 1)
     assert not m.wanted_change("ready", 0) and m.wanted_change("ready", 1) and m.wanted_change("ready", 8)
     # Maintenance set in the configuration is not the runtime API's to lift.
-    assert not m.wanted_change("ready", m.ADMF_CMAINT)
+    assert not m.wanted_change("ready", h.ADMF_CMAINT)
 
 
 class ScriptedApi(m.RuntimeApi):

@@ -303,8 +303,9 @@ def test_the_rolling_upgrade_drains_and_restores_each_node_with_no_failed_reques
     assert failed == [], failed[:5]
     assert len(requests) >= 10
     log = haproxy_log(hosts["gw-gateway"])
-    start = min(r["start"] for r in requests)
-    events = [(t, m) for t, m in log if t >= start and re.match(
+    start, end = min(r["start"] for r in requests), max(r["end"] for r in requests)
+    # The upgrade's window only: the tune and the interrupted runs after it drain the nodes again.
+    events = [(t, m) for t, m in log if start <= t <= end and re.match(
         r"Server hmk_nodes/gw-node-[ab] (enters drain state|is going DOWN for maintenance|is UP/READY)", m)]
     order = [re.match(r"Server hmk_nodes/(gw-node-[ab]) (enters drain|is going DOWN|is UP/READY)", m).groups()
              for _unused, m in events]
@@ -330,3 +331,84 @@ def test_both_nodes_serve_the_new_build_after_the_upgrade(hosts):
         "s.sendall(b'show stat\\n'); print(s.makefile().read())\"")
     rows = {line.split(",")[1]: line.split(",")[17] for line in status.splitlines() if line.startswith("hmk_nodes,gw-")}
     assert rows == {"gw-node-a": "UP", "gw-node-b": "UP"}, rows
+
+
+# ------------------------------------------------------------------------------------------ fleet-safe day 2
+
+# side_effect's bounds for the interrupted runs (heal-vars.yml): the node heals 45 s after the run armed it, the
+# gateway takes the node back 75 s after the drain armed it. The node's restart and the gateway's health check
+# (rise 2 at 2 s) come on top; the slack covers them on 2 emulated cores.
+NODE_HEAL_AFTER, GATEWAY_HEAL_AFTER, SLACK = 45, 75, 60
+
+
+def test_tune_on_the_group_keeps_a_node_serving_throughout(hosts):
+    run = json.loads((SCRATCH / "tune-run.json").read_text())
+    assert run["rc"] == 0, (run["stdout"] + run["stderr"])[-4000:]
+    requests = load("load-tune.jsonl")
+    failed = [r for r in requests if not r["ok"]]
+    assert failed == [], failed[:5]
+    assert len(requests) >= 10
+    log = haproxy_log(hosts["gw-gateway"])
+    start, end = min(r["start"] for r in requests), max(r["end"] for r in requests)
+    order = [re.match(r"Server hmk_nodes/(gw-node-[ab]) (enters drain|is going DOWN|is UP/READY)", m).groups()
+             for t, m in log if start <= t <= end and re.match(
+                 r"Server hmk_nodes/gw-node-[ab] (enters drain state|is going DOWN for maintenance|is UP/READY)", m)]
+    # One node at a time (serial 1): a out and back before b goes out.
+    assert order[:3] == [("gw-node-a", "enters drain"), ("gw-node-a", "is going DOWN"), ("gw-node-a", "is UP/READY")], order
+    assert order[3:6] == [("gw-node-b", "enters drain"), ("gw-node-b", "is going DOWN"), ("gw-node-b", "is UP/READY")], order
+    for name in NODES:
+        assert (SCRATCH / "tuned" / (name + ".yml")).is_file(), "no tuned file for " + name
+    print("tune: %d requests through the gateway while both nodes were searched, 0 failed" % len(requests))
+
+
+def test_the_fleet_guard_refuses_a_batch_that_would_leave_nobody_serving(hosts):
+    run = json.loads((SCRATCH / "guard-run.json").read_text())
+    out = run["stdout"] + run["stderr"]
+    assert run["rc"] != 0, out[-3000:]
+    assert "Refused before any change" in out and "fewer than" in out and "inference_service_fleet_min_serving=1" in out, out[-3000:]
+    assert "not answering: gw-node-b" in re.sub(r"\s+", " ", out), out[-3000:]
+    # Nothing was touched: gw-node-a still runs the build the rolling upgrade left (the guard ran first).
+    current = hosts["gw-node-a"].file("/opt/hmk/engines/ik_llama.cpp/current").linked_to
+    assert os.path.basename(current).startswith(GOOD[:12] + "-"), current
+
+
+@pytest.mark.parametrize("name", ["tune", "upgrade"])
+def test_an_interrupted_run_leaves_the_node_serving_its_last_good_configuration_by_itself(hosts, name):
+    heal = json.loads((SCRATCH / ("heal-%s.json" % name)).read_text())
+    # The node went back by itself, in time, and says why in its journal.
+    assert heal["healed_at"] - heal["killed_at"] <= NODE_HEAL_AFTER + SLACK, heal
+    assert "serves the last good configuration again" in heal["node_journal"], heal["node_journal"]
+    # The gateway took the node back by itself (its own timer, no run).
+    assert heal["in_rotation_at"] - heal["killed_at"] <= GATEWAY_HEAL_AFTER + SLACK, heal
+    assert "back in rotation" in heal["gateway_journal"], heal["gateway_journal"]
+    # The build that serves is the one that served before the run, wherever the run was killed.
+    assert heal["after"] == heal["before"], heal
+    if name == "upgrade":
+        # Killed with the main commit's build already current: the heal put the link back.
+        assert os.path.basename(heal["at_kill"]).startswith("7e0c0f7f87e3-"), heal
+        assert os.path.basename(heal["after"]).startswith(GOOD[:12] + "-"), heal
+    assert not hosts["gw-node-a"].file("/etc/hmk/hmk-inference.last-good/armed").exists
+    assert hosts["gw-node-a"].service("hmk-inference").is_running
+    status, _unused, body = request(None, "/health", url="http://%s:%d" % NODES["gw-node-a"])
+    assert status == 200, body
+    print("%s killed: the node served again after %.1f s, the gateway had it back after %.1f s" % (
+        name, heal["healed_at"] - heal["killed_at"], heal["in_rotation_at"] - heal["killed_at"]))
+
+
+def test_a_node_left_in_maintenance_fails_the_gateways_run_naming_it(hosts):
+    run = json.loads((SCRATCH / "held-run.json").read_text())
+    out = re.sub(r"\s+", " ", run["stdout"] + run["stderr"])
+    assert run["rc"] != 0, out[-3000:]
+    assert "gw-node-b held in maintenance or drain on this gateway" in out, out[-3000:]
+    assert "gateway_maintenance_allowed" in out
+
+
+def test_no_node_is_held_and_no_self_heal_is_pending_at_the_end(hosts):
+    state = hosts["gw-gateway"].check_output(
+        "python3 -c \"import socket; s=socket.socket(socket.AF_UNIX); s.connect('/run/haproxy/admin.sock'); "
+        "s.sendall(b'show servers state hmk_nodes\\n'); print(s.makefile().read())\"")
+    rows = [line.split() for line in state.splitlines()[2:] if line.strip() and not line.startswith("#")]
+    # Column 7 (srv_admin_state): no forced maintenance or drain left.
+    assert {row[3]: int(row[6]) & 0x09 for row in rows} == {"gw-node-a": 0, "gw-node-b": 0}, rows
+    for name in NODES:
+        assert not hosts[name].file("/etc/hmk/hmk-inference.last-good/armed").exists, name
