@@ -213,8 +213,9 @@ def _memory(facts):
 def placement(facts):
     """Where the engine put the model, judged from all the evidence in the log.
 
-    Returns {verdict: "gpu" | "cpu_only" | "unknown", log_start_seen, gpu_devices, evidence: [...], cpu_evidence: [...]}.
-    Explicit CPU-only evidence (CUDA init failed, no CUDA device, -ngl ignored, 0 layers offloaded) decides first;
+    Returns {verdict: "gpu" | "cpu_only" | "unknown", log_start_seen, gpu_devices, evidence, cpu_evidence}.
+    Explicit CPU-only evidence (CUDA init failed, no CUDA device, -ngl ignored, 0 layers offloaded, every weight and
+    KV buffer in host memory) decides first;
     then any device evidence (GPU buffers, layers offloaded or assigned to a CUDA device, `using device CUDAn`)
     means GPU placement even when the log's first lines are gone; a log that shows its start and no device
     evidence is CPU-only; a log that shows neither is unknown (the journal no longer holds this start).
@@ -231,6 +232,12 @@ def placement(facts):
         cpu_evidence.append(cuda["gpu_layers_ignored"])
     if offloaded is not None and offloaded["layers"] == 0:
         cpu_evidence.append("offloaded 0/%d layers to GPU" % offloaded["of"])
+    weights, kv = facts.get("weights_mib") or {}, facts.get("kv_mib") or {}
+    if weights and kv and not any(is_gpu_buffer(name) for name in list(weights) + list(kv)):
+        # the load is complete (the KV cache comes after the weights) and nothing of the model is on a GPU, whatever
+        # an `offloaded N/M` line claims: a build without CUDA says so with -ngl given
+        cpu_evidence.append("every weight and KV buffer is in host memory (%s)"
+                            % ", ".join(sorted(set(weights) | set(kv))))
     evidence = []
     for kind, label in (("weights_mib", "weights"), ("kv_mib", "KV cache"), ("compute_mib", "compute")):
         on_gpu = dict((k, v) for k, v in (facts.get(kind) or {}).items() if is_gpu_buffer(k))

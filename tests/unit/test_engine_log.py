@@ -432,6 +432,16 @@ def test_cpu_only_needs_the_start_of_the_log_or_explicit_evidence():
     assert not elog.evaluate(elog.parse(""), plan)["cpu_only"]
 
 
+def test_an_offload_claim_with_every_weight_and_kv_buffer_in_host_memory_is_cpu_only():
+    # a build without CUDA given -ngl logs `offloaded 62/62` and then only host buffers
+    facts = elog.parse("llm_load_tensors: offloaded 62/62 layers to GPU\n"
+                       "llm_load_tensors:        CPU buffer size = 12288.00 MiB\n"
+                       "llama_kv_cache_init:        CPU KV buffer size =   488.00 MiB\n")
+    assert facts["placement"]["verdict"] == "cpu_only"
+    assert facts["placement"]["cpu_evidence"] == ["every weight and KV buffer is in host memory (CPU)"]
+    assert elog.evaluate(facts, record(R1, [24]))["cpu_only"]
+
+
 def test_zero_layers_offloaded_is_cpu_only_whatever_else_the_log_lacks():
     facts = elog.parse("load_tensors: offloaded 0/62 layers to GPU\n")
     assert facts["placement"]["verdict"] == "cpu_only"
