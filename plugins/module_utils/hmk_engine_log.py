@@ -214,9 +214,9 @@ def placement(facts):
     """Where the engine put the model, judged from all the evidence in the log.
 
     Returns {verdict: "gpu" | "cpu_only" | "unknown", log_start_seen, gpu_devices, evidence, cpu_evidence}.
-    Explicit CPU-only evidence (CUDA init failed, no CUDA device, -ngl ignored, 0 layers offloaded, every weight and
-    KV buffer in host memory) decides first;
-    then any device evidence (GPU buffers, layers offloaded or assigned to a CUDA device, `using device CUDAn`)
+    Explicit CPU-only evidence (CUDA init failed, no CUDA device, -ngl ignored, 0 layers offloaded, every weight
+    and KV buffer in host memory) decides first; then any device evidence (GPU buffers, layers offloaded or
+    assigned to a CUDA device, `using device CUDAn`, tensors overridden to one, a CUDA error of a running backend)
     means GPU placement even when the log's first lines are gone; a log that shows its start and no device
     evidence is CPU-only; a log that shows neither is unknown (the journal no longer holds this start).
     """
