@@ -544,6 +544,9 @@ def evaluate(parsed, plan, apps=None, pid=None):
         if engine == "llama.cpp":
             skip("override_rules", "mainline llama.cpp logs tensor overrides only with -v; judged by the weights "
                                    "per device instead")
+        elif not start:
+            skip("override_rules", "no override line in the part of the log that is left (ik logs them before the "
+                                   "buffers)%s; judged by the weights per device instead" % not_seen)
         elif any(_rule_parts(r)[1].startswith("CUDA") for r in rules) or (rules and inner.get("cpu_layers")):
             record("override_rules", False, "no 'buffer type overriden' line in the log",
                    "every -ot rule matching tensors",

@@ -363,6 +363,9 @@ def test_a_log_that_lost_its_first_lines_still_proves_the_gpu_placement():
     assert cuda["status"] == "pass" and "CUDA0" in cuda["detail"] and "start of the log was not seen" in cuda["detail"]
     proof = next(c for c in result["checks"] if c["check"] == "placement")
     assert proof["status"] == "pass" and "weights on CUDA0 16303.48 MiB" in proof["detail"]
+    # ik logs its overrides before the buffers: a cut log cannot show them, so they are not asked for
+    assert next(c for c in result["checks"] if c["check"] == "override_rules")["status"] == "skip"
+    assert "override_rules" in failed(elog.evaluate(full, plan))
     # the same log with its start is judged as before
     assert next(c for c in elog.evaluate(full, plan)["checks"] if c["check"] == "cuda_devices")["status"] == "pass"
 
