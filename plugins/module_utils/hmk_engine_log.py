@@ -333,8 +333,9 @@ def _error_item(line):
     old = CUDA_ERROR_OLD.search(line)
     if old:
         item["location"] = old.group(3)
-        item["message"] = old.group(4) if old.group(1) == "CUDA" else "cuBLAS error %s: %s" % (old.group(2),
-                                                                                                old.group(4))
+        item["message"] = old.group(4)
+        if old.group(1) == "cuBLAS":
+            item["message"] = "cuBLAS error %s: %s" % (old.group(2), old.group(4))
         return item
     new = CUDA_ERROR_NEW.search(line)
     if new or OOM.search(line):
@@ -492,8 +493,8 @@ def evaluate(parsed, plan, apps=None, pid=None):
     elif found is None and place["gpu_devices"]:
         seen = place["gpu_devices"]
         record("cuda_devices", len(seen) == want,
-               "%d CUDA device(s) hold buffers or layers (%s); no ggml_cuda_init line%s" % (len(seen), ", ".join(seen),
-                                                                                          not_seen),
+               "%d CUDA device(s) hold buffers or layers (%s); no ggml_cuda_init line%s"
+               % (len(seen), ", ".join(seen), not_seen),
                "%d CUDA device(s), as hmk_hardware.gpus.count" % want,
                "The engine uses fewer GPUs than the profile has: the layer split (-ts in NAME.args) must give every "
                "GPU its block; re-run the role, or correct gpus.count in the hardware profile and re-plan.")
