@@ -303,6 +303,13 @@ def check_engine_errors(raw):
     for index, (_pattern, title, fix) in enumerate(ENGINE_ERRORS):
         if index in last:
             findings.append(_finding("engine_errors", severity, title, last[index], fix))
+    # CUDA errors the causes above do not cover, by class, with the failing function and the engine log's hint
+    # (an engine that crashed on one is down, so the gpu_placement check cannot read them from a running start)
+    for error in hmk_engine_log.cuda_errors(tail):
+        if error["class"] in ("out_of_memory", "init_failure"):
+            continue
+        findings.append(_finding("engine_errors", severity, "CUDA error in the engine: %s" % error["class"],
+                                 _cuda_error_evidence(error), error["hint"]))
     warnings = [line.strip() for line in raw.get("journal_warnings") or []
                 if line.strip() and not line.startswith("-- ")]
     if warnings and not findings:
@@ -317,6 +324,16 @@ def check_engine_errors(raw):
         findings.append(_finding("engine_errors", "ok", "No known engine error in the journal",
                                  "%d recent line(s), none at warning or above" % len(tail), "Nothing to do."))
     return findings
+
+
+def _cuda_error_evidence(error):
+    where = ", ".join(part for part in (
+        "op %s" % error["op"] if error.get("op") else "",
+        "in %s" % error["function"] if error.get("function") else "",
+        "at %s" % error["location"] if error.get("location") and error["location"] not in error["line"] else "",
+        "device %s" % error["device"] if error.get("device") is not None else "") if part)
+    return "%s%s%s" % (error["line"], " (%s)" % where if where else "",
+                       "; %d times" % error["count"] if error.get("count", 1) > 1 else "")
 
 
 def check_nvidia_driver(raw):
@@ -770,11 +787,20 @@ def check_gpu_placement(raw):
     if result["cpu_only"]:
         return _finding("gpu_placement", "critical", "Serving CPU-only on a GPU node", " | ".join(lines),
                         result["differences"][0]["fix"])
+    failed = set(d["check"] for d in result["differences"])
+    errors = [d for d in result["differences"] if d["check"] == "cuda_error"]
+    if errors:
+        return _finding("gpu_placement", "critical", "CUDA error in the engine's log: %s" % ", ".join(
+            d["found"].split(":", 1)[0] for d in errors), " | ".join(lines), " ".join(d["fix"] for d in errors))
+    if (result.get("placement") or {}).get("verdict") == "unknown" and failed <= {"cuda_devices"}:
+        # a doctor run long after the start: the journal rotated, and no line of the log proves a placement
+        return _finding("gpu_placement", "warning", "The engine's log of this start is no longer in the journal; "
+                        "its placement cannot be proven from it", " | ".join(lines),
+                        result["differences"][0]["fix"])
     severe = {"out_of_memory", "model_load", "cuda_devices", "offloaded_layers", "gpu_layers"}
-    severity = "critical" if any(d["check"] in severe for d in result["differences"]) else "warning"
+    severity = "critical" if failed & severe else "warning"
     return _finding("gpu_placement", severity, "The engine's GPU placement differs from the plan: %s" % ", ".join(
-        sorted(set(d["check"] for d in result["differences"]))), " | ".join(lines),
-        " ".join(sorted(set(d["fix"] for d in result["differences"]))))
+        sorted(failed)), " | ".join(lines), " ".join(sorted(set(d["fix"] for d in result["differences"]))))
 
 
 CHECKS = (check_service, check_model_integrity, check_engine_flags, check_engine_errors, check_nvidia_driver,

@@ -14,7 +14,8 @@ description:
     answer 503 while the model loads; sglang-kt's runs one token first).
   - Fails as soon as the unit has failed, or systemd restarted the engine (it exited), instead of waiting out the
     timeout; fails when the timeout passes. The message carries the unit's result and the engine's last journal
-    lines since C(since).
+    lines since C(since), and names each CUDA error those lines show by class (no_kernel_image, cublas,
+    illegal_memory_access, out_of_memory, init_failure, cuda_error) with its line and what to try.
   - Once ready, sends the short chat completion of I(smoke) in the same visit and returns its HTTP status and
     JSON body for the caller to judge (a failed completion does not fail this module).
   - Only reads; the caller restarts the unit.
@@ -36,7 +37,8 @@ options:
     type: float
     default: 0
   journal_lines:
-    description: How many of the engine's last journal lines a failure carries.
+    description: How many of the engine's last journal lines a failure carries (CUDA errors are looked for in up to
+      2000 lines, since a crash's backtrace can push them out of the last few).
     type: int
     default: 25
   smoke:
@@ -80,6 +82,12 @@ smoke:
   description: The completion's C(status) (0 when no HTTP answer came, with C(error)) and C(json) body.
   type: dict
   returned: success, when I(smoke) is given
+cuda_errors:
+  description: The CUDA errors in the engine's journal since I(since), each with C(class), C(line), C(function),
+    C(location), C(hint) (plugins/module_utils/hmk_engine_log.py).
+  type: list
+  elements: dict
+  returned: failure
 """
 
 import json
@@ -88,6 +96,7 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.six.moves.urllib.error import HTTPError
 from ansible.module_utils.urls import open_url
+from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_engine_log import cuda_errors
 from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_validate import check_all
 
 PROPS = "ActiveState,SubState,MainPID,NRestarts,Result,ExecMainCode,ExecMainStatus"
@@ -106,6 +115,14 @@ def verdict(first, now):
     if int(now.get("NRestarts") or 0) > int(first.get("NRestarts") or 0) or now.get("SubState") == "auto-restart":
         return "the engine exited and systemd is restarting it (exit status %s)" % now.get("ExecMainStatus")
     return None
+
+
+def failure(unit, reason, lines, tail):
+    """The failure message and the CUDA errors in the engine's lines: each named by class, line and what to try,
+    before the last `tail` lines."""
+    errors = cuda_errors(lines)
+    named = "".join(" CUDA error %s: %s Try: %s" % (e["class"], e["line"], e["hint"]) for e in errors)
+    return "%s: %s.%s Its last journal lines: %s" % (unit, reason, named, " / ".join(lines[-tail:])), errors
 
 
 def ready(url):
@@ -187,12 +204,15 @@ def main():
             reason = "not ready after %d s (%s/%s)" % (p["timeout"], now.get("ActiveState"), now.get("SubState"))
             break
         time.sleep(1)
-    argv = ["journalctl", "--no-pager", "--quiet", "--output=cat", "--unit", p["unit"], "--lines", str(p["journal_lines"])]
+    argv = ["journalctl", "--no-pager", "--quiet", "--output=cat", "--unit", p["unit"],
+            "--lines", str(max(p["journal_lines"], 2000))]
     if p["since"]:
         argv += ["--since", "@%d" % int(p["since"])]
     _rc, journal, _err = module.run_command(argv)
-    module.fail_json(msg="%s: %s. Its last journal lines: %s" % (p["unit"], reason, " / ".join(journal.strip().splitlines())),
-                     reason=reason, journal=journal.strip().splitlines(), waited=round(time.time() - start, 1))
+    lines = journal.strip().splitlines()
+    msg, errors = failure(p["unit"], reason, lines, p["journal_lines"])
+    module.fail_json(msg=msg, reason=reason, journal=lines[-p["journal_lines"]:], cuda_errors=errors,
+                     waited=round(time.time() - start, 1))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ on real /proc/devices captures and real engine logs (tests/fixtures/*/INDEX.md).
 import copy
 import json
 
+import pytest
+
 import test_doctor as base
 
 doctor = base.doctor
@@ -96,3 +98,45 @@ def test_nothing_to_compare_without_a_running_service_or_a_plan():
     raw["gpu_placement"]["plan"] = ""
     f = finding(raw, "gpu_placement")
     assert f["severity"] == "info" and "hmk-inference-plan.json" in f["evidence"]
+
+
+def test_a_log_that_lost_its_start_is_not_called_cpu_only():
+    # the doctor runs long after the start: the journal kept the buffers, not the ggml_cuda_init lines
+    raw = base.healthy()
+    raw["gpu_placement"]["engine_log"] = "".join(base.GPU_LOG.splitlines(True)[4:])
+    f = finding(raw, "gpu_placement")
+    assert f["severity"] == "ok" and "start of the log was not seen" in f["evidence"]
+    assert "weights on CUDA0 17284.05 MiB" in f["evidence"]
+
+
+def test_a_log_with_nothing_left_of_the_start_is_a_warning_that_says_why():
+    raw = base.healthy()
+    raw["gpu_placement"]["engine_log"] = "llama_new_context_with_model: n_ctx      = 8192\n"
+    f = finding(raw, "gpu_placement")
+    assert f["severity"] == "warning" and "no longer in the journal" in f["title"]
+    assert "journalctl" in f["fix"]
+
+
+def test_a_cuda_error_in_the_running_engines_log_is_critical_and_named():
+    raw = base.healthy()
+    raw["gpu_placement"]["engine_log"] = base.GPU_LOG + log("mainline--illegal-memory-access-issue13909.log")
+    f = finding(raw, "gpu_placement")
+    assert (f["severity"], f["title"]) == ("critical", "CUDA error in the engine's log: illegal_memory_access")
+    assert "CUDA error: an illegal memory access was encountered" in f["evidence"]
+    assert "xid" in f["fix"]
+
+
+@pytest.mark.parametrize("name, kind, hint", [
+    ("mainline--no-kernel-image-dgx-spark-issue3.log", "no_kernel_image", "CMAKE_CUDA_ARCHITECTURES"),
+    ("mainline--cublas-invalid-value-issue25061.log", "cublas", "llama_build_extra_cmake_args"),
+    ("mainline--illegal-memory-access-issue13909.log", "illegal_memory_access", "dmesg"),
+])
+def test_a_crashed_engine_names_its_cuda_error_from_the_journal(name, kind, hint):
+    raw = base.healthy()
+    raw["service"]["show"] = base.SHOW_FAILED
+    raw["journal_tail"] = log(name).splitlines()
+    findings = [f for f in doctor.check_engine_errors(raw) if f["title"].startswith("CUDA error")]
+    assert [(f["severity"], f["title"]) for f in findings] == [("critical", "CUDA error in the engine: %s" % kind)]
+    assert "CUDA error" in findings[0]["evidence"] and hint in findings[0]["fix"]
+    # the service is down, so the placement check cannot read a running start
+    assert finding(raw, "gpu_placement")["severity"] == "info"

@@ -292,3 +292,240 @@ def test_nvidia_smi_csv_maps_uuids_to_indexes_and_reads_na():
     apps = elog.parse_smi_apps("4242, GPU-bbbb, 20133\n4242, GPU-aaaa, [N/A]\n", gpus)
     assert apps == [{"pid": 4242, "gpu": 1, "used_mib": 20133}, {"pid": 4242, "gpu": 0, "used_mib": None}]
     assert elog.parse_smi_apps("No running processes found\n", gpus) == []
+
+
+# ------------------------------------------------------------------ the placement from all the evidence
+
+VERDICTS = {
+    # file: (verdict, the log's start seen, GPUs the evidence names, CUDA error classes)
+    "ik--11gpu-oom-compute-buffer-issue749.log":
+        ("gpu", False, ["CUDA%d" % i for i in range(11)], ["out_of_memory", "out_of_memory"]),
+    "ik--1gpu-3090ti-full-start-pr344.log": ("gpu", True, ["CUDA0"], []),
+    "ik--1gpu-3090ti-start-cut-pr344.log": ("gpu", False, ["CUDA0"], []),
+    "ik--1gpu-a6000-full-offload-pr333.log": ("gpu", True, ["CUDA0"], []),
+    "ik--1gpu-hybrid-exps-on-cpu-kt1417.log": ("gpu", False, [], []),
+    "ik--1gpu-overrides-to-cpu-pr386.log": ("unknown", False, [], []),
+    "ik--4gpu-buffers-pr394.log": ("gpu", False, ["CUDA0", "CUDA1", "CUDA2", "CUDA3"], []),
+    "ik--4gpu-overrides-pr409.log": ("gpu", False, ["CUDA1", "CUDA2"], []),
+    "ik--4gpu-start-pr394.log": ("unknown", True, [], []),
+    "ik--4gpu-start-pr409.log": ("unknown", True, [], []),
+    "ik--multigpu-overrides-cuda13-14-pr262.log": ("gpu", False, ["CUDA13", "CUDA14"], []),
+    "koboldcpp--cublas-status-not-supported-issue621.log": ("gpu", False, [], ["cublas"]),
+    "lmstudio--using-device-cut-issue1360.log": ("gpu", False, ["CUDA0"], []),
+    "mainline--1gpu-hybrid-r1-pr11397.log": ("gpu", False, ["CUDA0"], []),
+    "mainline--1gpu-total-vram-format-issue22748.log": ("cpu_only", True, [], []),
+    "mainline--2gpu-cuda-host-kv-pr8035.log": ("gpu", True, ["CUDA0", "CUDA1"], []),
+    "mainline--2gpu-cuda-host-weights-issue7217.log": ("gpu", True, ["CUDA0", "CUDA1"], []),
+    "mainline--2gpu-start-cut-compute-buffers-pr6122.log": ("gpu", False, ["CUDA0", "CUDA1"], []),
+    "mainline--3gpu-buffers-deepseek-v4-issue22319.log": ("gpu", False, ["CUDA0", "CUDA1", "CUDA2"], []),
+    "mainline--4gpu-buffers-pr394.log": ("gpu", False, ["CUDA0", "CUDA1", "CUDA2", "CUDA3"], []),
+    "mainline--4gpu-init-3090-issue10981.log": ("unknown", True, [], []),
+    "mainline--cublas-invalid-value-issue25061.log": ("gpu", False, [], ["cublas"]),
+    "mainline--cublas-not-supported-old-format-issue4395.log": ("gpu", False, [], ["cublas"]),
+    "mainline--cuda-init-failure-system-not-yet-initialized-issue13059.log": ("cpu_only", True, [], ["init_failure"]),
+    "mainline--cuda-init-failure-unknown-error-issue10553.log": ("cpu_only", True, [], ["init_failure"]),
+    "mainline--cuda-init-failure-with-offload-claim-issue1866.log": ("cpu_only", True, [], ["init_failure"]),
+    "mainline--illegal-memory-access-issue13909.log": ("gpu", False, [], ["illegal_memory_access"]),
+    "mainline--kv-cache-prefix-colour-cut-issue27680.log": ("gpu", False, ["CUDA0"], []),
+    "mainline--no-cuda-devices-issue6184.log": ("cpu_only", True, [], ["init_failure"]),
+    "mainline--no-kernel-image-dgx-spark-issue3.log": ("gpu", False, [], ["no_kernel_image"]),
+    "mainline--no-kernel-image-old-format-issue4215.log": ("gpu", False, [], ["no_kernel_image"]),
+    "mainline--no-usable-gpu-device-info-issue23209.log": ("cpu_only", True, [], []),
+    "mainline--oom-at-load-issue20431.log": ("gpu", True, [], ["out_of_memory"] * 3),
+    "mainline--oom-old-format-issue3221.log": ("gpu", True, [], ["out_of_memory"]),
+    "mainline--overrides-rpc-verbose-pr11397.log": ("unknown", False, [], []),
+}
+
+
+def test_every_fixture_has_the_verdict_the_parser_must_reach():
+    assert sorted(VERDICTS) == sorted(p.name for p in LOGS.glob("*.log"))
+
+
+@pytest.mark.parametrize("name", sorted(VERDICTS))
+def test_each_real_log_gets_its_placement_verdict_and_error_classes(name):
+    verdict, start, devices, classes = VERDICTS[name]
+    facts = parsed(name)
+    assert facts["log_start_seen"] is start
+    assert facts["placement"]["verdict"] == verdict
+    assert facts["placement"]["log_start_seen"] is start
+    assert facts["placement"]["gpu_devices"] == devices
+    assert [e["class"] for e in facts["cuda_errors"]] == classes
+
+
+def test_a_log_that_lost_its_first_lines_still_proves_the_gpu_placement():
+    full, cut = parsed("ik--1gpu-3090ti-full-start-pr344.log"), parsed("ik--1gpu-3090ti-start-cut-pr344.log")
+    assert full["cuda"]["device_count"] == 1 and cut["cuda"]["device_count"] is None
+    assert full["gpu_mib"] == cut["gpu_mib"] == {"CUDA0": 18255.48}
+    plan = record(R1, [24])
+    result = elog.evaluate(cut, plan)
+    assert not result["cpu_only"] and result["log_start_seen"] is False
+    cuda = next(c for c in result["checks"] if c["check"] == "cuda_devices")
+    assert cuda["status"] == "pass" and "CUDA0" in cuda["detail"] and "start of the log was not seen" in cuda["detail"]
+    proof = next(c for c in result["checks"] if c["check"] == "placement")
+    assert proof["status"] == "pass" and "weights on CUDA0 16303.48 MiB" in proof["detail"]
+    # ik logs its overrides before the buffers: a cut log cannot show them, so they are not asked for
+    assert next(c for c in result["checks"] if c["check"] == "override_rules")["status"] == "skip"
+    assert "override_rules" in failed(elog.evaluate(full, plan))
+    # the same log with its start is judged as before
+    assert next(c for c in elog.evaluate(full, plan)["checks"] if c["check"] == "cuda_devices")["status"] == "pass"
+
+
+def test_a_cut_multi_gpu_log_counts_the_gpus_from_their_buffers():
+    facts = parsed("mainline--2gpu-start-cut-compute-buffers-pr6122.log")
+    assert [d["index"] for d in facts["cuda"]["devices"]] == [0, 1] and facts["cuda"]["device_count"] is None
+    assert facts["gpu_mib"] == {"CUDA0": 7642.39, "CUDA1": 17573.53}
+    two = elog.evaluate(facts, record(R1, [24, 24]))
+    assert "cuda_devices" not in failed(two) and not two["cpu_only"]
+    four = elog.evaluate(facts, record(R1, [24, 24, 24, 24]))
+    diff = next(d for d in four["differences"] if d["check"] == "cuda_devices")
+    assert diff["found"].startswith("2 CUDA device(s) hold buffers or layers (CUDA0, CUDA1)")
+    assert not four["cpu_only"]
+
+
+def test_newer_device_lines_and_prefixes_are_evidence_too():
+    used = parsed("lmstudio--using-device-cut-issue1360.log")
+    assert used["devices_used"] == [{"device": "CUDA0", "name": "NVIDIA GeForce RTX 5060 Ti", "free_mib": 15055}]
+    assert "using device CUDA0 (NVIDIA GeForce RTX 5060 Ti)" in used["placement"]["evidence"]
+    colour = parsed("mainline--kv-cache-prefix-colour-cut-issue27680.log")
+    assert colour["kv_mib"] == {"CUDA0": 182.75} and colour["output_mib"] == {"CUDA_Host": 0.49}
+    unified = elog.parse("llama_kv_cache_unified:      CUDA1 KV buffer size =  1088.50 MiB\n"
+                         "llama_context:      CUDA1 compute buffer size =   396.06 MiB\n")
+    assert unified["gpu_mib"] == {"CUDA1": 1484.56} and unified["placement"]["verdict"] == "gpu"
+
+
+def test_cuda_host_buffers_are_pinned_host_memory_not_gpu_memory():
+    kv = parsed("mainline--2gpu-cuda-host-kv-pr8035.log")
+    assert kv["kv_mib"]["CUDA_Host"] == 64.0   # the parser still reports every buffer by name
+    assert kv["gpu_mib"] == {"CUDA0": 15213.75, "CUDA1": 9676.0}
+    assert kv["host_mib"] == {"CPU": 22994.45, "CUDA_Host": 64.98} and kv["pinned_host_mib"] == 64.98
+    weights = parsed("mainline--2gpu-cuda-host-weights-issue7217.log")
+    assert "CUDA_Host" not in weights["gpu_mib"] and weights["pinned_host_mib"] == 232.42
+    assert elog.is_gpu_buffer("CUDA0") and elog.is_gpu_buffer("CUDA_Split") and not elog.is_gpu_buffer("CUDA_Host")
+
+
+def test_a_pinned_host_kv_buffer_does_not_skew_the_layer_split():
+    plan = record(R1, [24, 24, 24, 24])
+    blocks = [g["block"] for g in plan["plan"]["gpus"]]
+    as_planned = "".join("llama_kv_cache_init:      CUDA%d KV buffer size = %.2f MiB\n"
+                         % (i, 18.68 * (b[1] - b[0] + 1)) for i, b in enumerate(blocks))
+    with_host = "llama_kv_cache_init:  CUDA_Host KV buffer size =   600.00 MiB\n" + as_planned
+    assert "layer_split" not in failed(elog.evaluate(elog.parse(with_host), plan))
+
+
+def test_explicit_cpu_evidence_wins_over_an_offload_line():
+    facts = parsed("mainline--cuda-init-failure-with-offload-claim-issue1866.log")
+    assert facts["offloaded"] == {"layers": 81, "of": 81} and facts["gpu_mib"] == {}
+    result = elog.evaluate(facts, record(R1, [24]))
+    assert result["cpu_only"] and "placement" in failed(result)
+    assert "failed to initialize CUDA: unknown error" in facts["placement"]["cpu_evidence"][0]
+
+
+def test_cpu_only_needs_the_start_of_the_log_or_explicit_evidence():
+    start = "build: 4199 (9e2301f4) with cc (Ubuntu 12.3.0-1ubuntu1~23.04) 12.3.0 for x86_64-linux-gnu\n"
+    host_only = "load_tensors:   CPU_Mapped model buffer size = 45358.94 MiB\n"
+    assert elog.parse(start + host_only)["placement"]["verdict"] == "cpu_only"
+    plan = record(R1, [24])
+    assert elog.evaluate(elog.parse(start + host_only), plan)["cpu_only"]
+    # the same buffer without the start: the log cannot tell, and the proof says so instead of "CPU-only"
+    rotated = elog.evaluate(elog.parse(host_only), plan)
+    assert not rotated["cpu_only"] and rotated["placement"]["verdict"] == "unknown"
+    cuda = next(d for d in rotated["differences"] if d["check"] == "cuda_devices")
+    assert "neither its start" in cuda["found"] and "journalctl" in cuda["fix"]
+    assert next(c for c in rotated["checks"] if c["check"] == "offloaded_layers")["status"] == "skip"
+    assert not elog.evaluate(elog.parse(""), plan)["cpu_only"]
+
+
+def test_an_offload_claim_with_every_weight_and_kv_buffer_in_host_memory_is_cpu_only():
+    # a build without CUDA given -ngl logs `offloaded 62/62` and then only host buffers
+    facts = elog.parse("llm_load_tensors: offloaded 62/62 layers to GPU\n"
+                       "llm_load_tensors:        CPU buffer size = 12288.00 MiB\n"
+                       "llama_kv_cache_init:        CPU KV buffer size =   488.00 MiB\n")
+    assert facts["placement"]["verdict"] == "cpu_only"
+    assert facts["placement"]["cpu_evidence"] == ["every weight and KV buffer is in host memory (CPU)"]
+    assert elog.evaluate(facts, record(R1, [24]))["cpu_only"]
+
+
+def test_zero_layers_offloaded_is_cpu_only_whatever_else_the_log_lacks():
+    facts = elog.parse("load_tensors: offloaded 0/62 layers to GPU\n")
+    assert facts["placement"]["verdict"] == "cpu_only"
+    assert elog.evaluate(facts, record(R1, [24]))["cpu_only"]
+
+
+# ------------------------------------------------------------------------------------- CUDA errors named
+
+ERRORS = {
+    # file: (class, where (function or file:line), what the hint must name)
+    "mainline--no-kernel-image-dgx-spark-issue3.log": ("no_kernel_image", "ggml_cuda_compute_forward",
+                                                       "CMAKE_CUDA_ARCHITECTURES"),
+    "mainline--no-kernel-image-old-format-issue4215.log": ("no_kernel_image", "ggml-cuda.cu:6701", "gpus.arch"),
+    "mainline--cublas-invalid-value-issue25061.log": ("cublas", "ggml_cuda_op_mul_mat_cublas", "GGML_CUDA_FORCE_MMQ"),
+    "mainline--cublas-not-supported-old-format-issue4395.log": ("cublas", "ggml-cuda.cu:7956", "toolkit"),
+    "koboldcpp--cublas-status-not-supported-issue621.log": ("cublas", None, "(CUBLAS_STATUS_NOT_SUPPORTED)"),
+    "mainline--illegal-memory-access-issue13909.log": ("illegal_memory_access", "ggml_backend_cuda_synchronize",
+                                                       "xid"),
+    "mainline--oom-old-format-issue3221.log": ("out_of_memory", "ggml-cuda.cu:5509", "CUDA1 ran out of memory"),
+    "mainline--cuda-init-failure-unknown-error-issue10553.log": ("init_failure", "ggml_cuda_init",
+                                                                 "hmk-nvidia-device-nodes.service"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ERRORS))
+def test_each_cuda_error_class_is_named_with_its_line_and_a_hint(name):
+    kind, where, hint = ERRORS[name]
+    error = parsed(name)["cuda_errors"][0]
+    assert error["class"] == kind
+    assert error["line"] and error["line"] in log(name)
+    if where:
+        assert where in (error["function"] or "") or where in (error["location"] or "")
+    assert hint in error["hint"]
+
+
+def test_the_failing_op_and_call_are_kept():
+    kernel = parsed("mainline--no-kernel-image-dgx-spark-issue3.log")["cuda_errors"][0]
+    assert (kernel["op"], kernel["device"]) == ("SCALE", 0)
+    assert kernel["location"].endswith("ggml-cuda.cu:2761")
+    cublas = parsed("mainline--cublas-invalid-value-issue25061.log")["cuda_errors"][0]
+    assert cublas["call"].startswith("cublasSgemm_v2(") and cublas["message"].startswith("an unsupported value")
+    illegal = parsed("mainline--illegal-memory-access-issue13909.log")["cuda_errors"][0]
+    assert illegal["device"] == 7 and illegal["call"] == "cudaStreamSynchronize(cuda_ctx->stream())"
+
+
+def test_the_kernel_image_hint_names_the_gpus_compute_capability():
+    text = log("mainline--4gpu-init-3090-issue10981.log") + log("mainline--no-kernel-image-dgx-spark-issue3.log")
+    hint = elog.parse(text)["cuda_errors"][0]["hint"]
+    assert "compute capability 8.6" in hint
+
+
+def test_an_unknown_cuda_error_is_named_with_its_function_and_file_line():
+    facts = elog.parse("CUDA error: operation not supported\n"
+                       "  current device: 3, in function ggml_backend_cuda_graph_compute at "
+                       "/src/ggml/src/ggml-cuda/ggml-cuda.cu:2912\n"
+                       "  cudaGraphLaunch(cuda_ctx->cuda_graph->instance, cuda_ctx->stream())\n")
+    error = facts["cuda_errors"][0]
+    assert error["class"] == "cuda_error" and error["device"] == 3
+    assert "in ggml_backend_cuda_graph_compute at ggml-cuda.cu:2912" in error["hint"]
+
+
+def test_repeated_errors_are_counted_once():
+    line = "CUDA error: an illegal memory access was encountered\n"
+    errors = elog.parse(line * 3)["cuda_errors"]
+    assert len(errors) == 1 and errors[0]["count"] == 3
+
+
+@pytest.mark.parametrize("name", sorted(n for n in ERRORS if ERRORS[n][0] not in ("init_failure", "out_of_memory")))
+def test_the_gate_fails_naming_the_cuda_error_class_the_line_and_the_hint(name):
+    kind, _where, hint = ERRORS[name]
+    plan = record(R1, [24])
+    result = svc.placement_proof(log("ik--1gpu-a6000-full-offload-pr333.log") + log(name), plan, pid=4242,
+                                 smi_error="not read in this test")
+    assert not result["ok"] and not result["cpu_only"]
+    diff = next(d for d in result["differences"] if d["check"] == "cuda_error")
+    assert diff["found"].startswith(kind + ": ") and hint in diff["fix"]
+    assert any(line.startswith("cuda_error: found %s: " % kind) for line in result["summary"])
+    assert result["cuda_errors"][0]["class"] == kind
+
+
+def test_out_of_memory_in_the_old_form_fails_the_out_of_memory_check():
+    result = elog.evaluate(parsed("mainline--oom-old-format-issue3221.log"), record(R1, [24]))
+    diff = next(d for d in result["differences"] if d["check"] == "out_of_memory")
+    assert diff["found"].startswith("CUDA error 2 at") and "cuda_error" not in failed(result)

@@ -326,6 +326,21 @@ def test_the_gate_fails_early_on_a_failed_or_restarting_unit():
                                                 "NRestarts": "1", "ExecMainStatus": "1"})
 
 
+def test_the_gates_failure_names_the_cuda_error_class_its_line_and_what_to_try():
+    # a real crash (tests/fixtures/engine-logs/mainline--no-kernel-image-dgx-spark-issue3.log), then a backtrace
+    # long enough to push it out of the last lines the message carries
+    crash = (REPO / "tests" / "fixtures" / "engine-logs" / "mainline--no-kernel-image-dgx-spark-issue3.log").read_text()
+    lines = crash.splitlines() + ["#%d 0x00007e0a5a510813 in ggml_abort ()" % i for i in range(40)]
+    msg, errors = gate.failure("hmk-inference.service", "the unit failed (result core-dump, exit status 6)", lines, 25)
+    assert [e["class"] for e in errors] == ["no_kernel_image"]
+    assert ("CUDA error no_kernel_image: CUDA error: no kernel image is available for execution on the device "
+            "Try: ") in msg and "CMAKE_CUDA_ARCHITECTURES" in msg
+    assert msg.endswith(" / ".join(lines[-25:])) and "SCALE failed" not in msg.split("Its last journal lines:")[1]
+    plain, none = gate.failure("hmk-inference.service", "not ready after 600 s (active/running)", ["loading"], 25)
+    assert none == [] and plain == ("hmk-inference.service: not ready after 600 s (active/running). "
+                                    "Its last journal lines: loading")
+
+
 def test_the_dry_parse_swaps_the_model_and_finds_the_parsers_refusals():
     argv = ["/x/llama-server", "-m", "/srv/models/m.gguf", "--port", "18551", "--hmk-no-such-flag"]
     assert svc.dry_parse_argv(argv)[2] == svc.DRY_PARSE_MODEL and svc.dry_parse_argv(argv)[:2] == argv[:2]
