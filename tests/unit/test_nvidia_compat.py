@@ -277,7 +277,7 @@ def read_hardware(name):
     ("NVIDIA RTX PRO 6000 Blackwell Workstation Edition\n", ["NVIDIA RTX PRO 6000 Blackwell Workstation Edition"]),
     ("NVIDIA GB200\nNVIDIA B300 SXM6 AC\nNVIDIA GeForce RTX 5070 Ti\n",
      ["NVIDIA GB200", "NVIDIA B300 SXM6 AC", "NVIDIA GeForce RTX 5070 Ti"]),
-])
+], ids=["lspci-rtx5090", "lspci-old-pci-ids", "lspci-b200", "smi-rtx-pro-6000", "smi-names"])
 def test_blackwell_gpus_are_recognised_by_name_or_pci_id(text, shown):
     assert nv.blackwell_gpus(text) == shown
 
