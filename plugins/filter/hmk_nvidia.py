@@ -33,11 +33,29 @@ MIN_DRIVER = {
     (12, 8): "570.26",
     (12, 8, 1): "570.124.06",
     (12, 9): "575.51.03",
+    # CUDA 13.x. 13.0 GA: BRIEF.md section 4 and NVIDIA's 13.0 release notes. The later rows are the
+    # Linux x86_64 column of that table in the 13.1 to 13.3 Update 1 release notes, read as quoted
+    # (identically) by several public repositories; NVIDIA's pages themselves were not readable here.
     (13, 0): "580.65.06",
+    (13, 0, 1): "580.82.07",
+    (13, 0, 2): "580.95.05",
+    (13, 1): "590.44.01",
+    (13, 1, 1): "590.48.01",
+    (13, 2): "595.45.04",
+    (13, 2, 1): "595.58.03",
+    (13, 3): "610.43.02",
 }
 
-# Minor-version compatibility: a 12.x toolkit runs (without PTX JIT of newer code) on >= 525;
-# 13.x has no such floor below 580.
+# From CUDA 13.4 NVIDIA no longer bundles a Linux driver with the toolkit, and the release notes
+# list no toolkit driver for these releases (13.5 is current as of 2026-12, BRIEF.md section 9).
+# They run on any driver of the 13.x minor-version floor; what they add over 13.3 needs a newer
+# branch whose exact minimum is not recorded here, so the table cannot vouch for a branch: the
+# role accepts them only through nvidia_driver_allow_minor_version_compat.
+UNBUNDLED_TOOLKITS = {(13, 4), (13, 5)}
+
+# Minor-version compatibility (NVIDIA's CUDA Compatibility guide, "Minor Version Compatibility",
+# table 1: 12.x >= 525 and < 580, 13.x >= 580): a toolkit runs, without PTX JIT of code newer than
+# the driver and without the newer driver's APIs, on a driver of its major release's floor.
 MINOR_COMPAT_FLOOR = {11: "450.80.02", 12: "525.60.13", 13: "580.65.06"}
 
 # Compute capability (x10) -> architecture name.
@@ -105,16 +123,34 @@ def toolkit_series(toolkit):
     return "%d.%d" % (key[0], key[1])
 
 
+def _unbundled(key):
+    return key[:2] in UNBUNDLED_TOOLKITS
+
+
 def min_driver(toolkit):
-    """Minimum driver for a toolkit version, or raise CompatError if the table lacks it."""
+    """Minimum driver for a toolkit version, or raise CompatError if the table lacks it. For a release
+    NVIDIA ships without a Linux driver (13.4 on) this is its major release's minor-version floor: the
+    oldest driver it runs on, not one that has all of its features."""
     key = toolkit_key(toolkit)
     if len(key) >= 3 and key[:3] in MIN_DRIVER:
         return MIN_DRIVER[key[:3]]
     if key[:2] in MIN_DRIVER:
         return MIN_DRIVER[key[:2]]
-    known = ", ".join(".".join(str(p) for p in k) for k in sorted(MIN_DRIVER))
+    if _unbundled(key):
+        return MINOR_COMPAT_FLOOR[key[0]]
+    known = ", ".join(".".join(str(p) for p in k) for k in sorted(set(MIN_DRIVER) | UNBUNDLED_TOOLKITS))
     raise CompatError("CUDA toolkit %s is not in the compatibility table (known: %s); add its minimum driver "
                       "to MIN_DRIVER in plugins/filter/hmk_nvidia.py" % (toolkit, known))
+
+
+def required_driver(toolkit, minor_version_compat=False):
+    """The driver version the role requires for a toolkit: its table minimum, or with minor-version
+    compatibility accepted the floor of its major release where that is lower."""
+    needed = min_driver(toolkit)
+    floor = MINOR_COMPAT_FLOOR.get(toolkit_key(toolkit)[0])
+    if minor_version_compat and floor and not version_ge(floor, needed):
+        return floor
+    return needed
 
 
 def newest_toolkit_for(driver):
@@ -170,8 +206,9 @@ def compat_errors(branch, toolkit=None, open_modules=True, gpu_archs=None, minor
 
     branch: driver branch or full version ('570', '570.124.06'); toolkit: '12.8', '12.8.1' or
     None/'' when no toolkit is installed; open_modules: True for nvidia-open; gpu_archs: compute
-    capabilities of the node's GPUs; minor_version_compat: accept 12.x on a driver >= 525 below
-    the toolkit's own minimum (CUDA minor-version compatibility: no PTX JIT for newer code)."""
+    capabilities of the node's GPUs; minor_version_compat: accept a toolkit on a driver below its own
+    minimum but at its major release's floor (12.x >= 525, 13.x >= 580: CUDA minor-version
+    compatibility, no PTX JIT for newer code), the only way the table accepts 13.4 and later."""
     errors = []
     try:
         driver_branch = branch_of(branch)
@@ -192,17 +229,26 @@ def compat_errors(branch, toolkit=None, open_modules=True, gpu_archs=None, minor
             errors.append(str(exc))
         else:
             floor = MINOR_COMPAT_FLOOR.get(key[0])
+            on_floor = bool(floor) and driver_satisfies(branch, floor)
+            newest = newest_toolkit_for(branch)
+            older = (("\"%s\" (the newest toolkit driver %s supports)" % (newest, branch)) if newest
+                     else "an older release")
             if not driver_satisfies(branch, needed):
-                if minor_version_compat and key[0] == 12 and floor and driver_satisfies(branch, floor):
-                    pass
-                else:
-                    newest = newest_toolkit_for(branch)
+                if not (minor_version_compat and on_floor):
+                    hint = (", or accept CUDA minor-version compatibility (driver >= %s for %d.x; no PTX JIT of newer "
+                            "code) with nvidia_driver_allow_minor_version_compat: true" % (floor, key[0])) if on_floor else ""
                     errors.append(
                         "CUDA toolkit %s needs NVIDIA driver >= %s but the driver is %s (branch %d). Fix: set "
-                        "nvidia_driver_branch to \"%d\" or newer, or nvidia_driver_cuda_toolkit_version to %s."
+                        "nvidia_driver_branch to \"%d\" or newer%s, or nvidia_driver_cuda_toolkit_version to %s%s."
                         % (toolkit, needed, branch, driver_branch, branch_of(needed),
-                           ("\"%s\" (the newest toolkit driver %s supports)" % (newest, branch)) if newest
-                           else "an older release"))
+                           _supported_from(branch_of(needed)), older, hint))
+            elif _unbundled(key) and not minor_version_compat:
+                errors.append(
+                    "CUDA toolkit %s comes without a Linux driver (NVIDIA stopped bundling one with CUDA 13.4) and the "
+                    "table records none that has all of its features, so driver %s is not known to support it fully; it "
+                    "runs on any driver >= %s through CUDA minor-version compatibility (no PTX JIT of newer code, no newer "
+                    "driver APIs). Fix: set nvidia_driver_allow_minor_version_compat: true to accept that, or "
+                    "nvidia_driver_cuda_toolkit_version to %s." % (toolkit, branch, floor, older))
             if key[0] >= 13:
                 old = sorted(set(a for a in archs if a < CUDA13_MIN_ARCH))
                 for arch in old:
@@ -228,6 +274,62 @@ def compat_errors(branch, toolkit=None, open_modules=True, gpu_archs=None, minor
             errors.append(
                 "sm_%d (%s) is not supported by the open kernel modules (Turing and newer only; driver %s). Fix: set "
                 "nvidia_driver_open_modules: false." % (arch, arch_name(arch), branch))
+    return errors
+
+
+# What the node itself shows, before the driver is installed (lspci) or while one runs (nvidia-smi):
+# Blackwell by name where pci.ids or the driver knows the card (chips GB1xx/GB2xx, B100/B200/B300,
+# GB200/GB300, RTX 50x0, RTX PRO ... Blackwell), and by PCI device id for the GeForce RTX 50 cards an
+# older pci.ids (Debian 12's) prints as "Device 2b85" (ids from pci.ids: 2b85 RTX 5090, 2b87 5090 D,
+# 2c02 5080, 2c05 5070 Ti, 2f04 5070, 2d04 5060 Ti, 2d05 5060). A data-center Blackwell board that an
+# old pci.ids does not name is caught by the profile's compute capability (compat_errors) instead.
+BLACKWELL_NAME_RE = re.compile(r"\b(?:GB[123]\d\d[A-Z]?|B[123]00[A-Z]?|RTX 50[5-9]0|RTX PRO \d+ Blackwell)\b|\bBlackwell\b")
+BLACKWELL_DEVICE_IDS = frozenset(["2b85", "2b87", "2c02", "2c05", "2f04", "2d04", "2d05"])
+_LSPCI_LINE_RE = re.compile(r"^(?:[0-9a-f]{4}:)?[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]\s", re.I)
+
+
+def blackwell_gpus(text):
+    """The Blackwell GPUs among `lspci -nn -d 10de:` lines (display and 3D controllers only, not the
+    cards' audio functions; as "slot device") and `nvidia-smi --query-gpu=name` lines (as the name)."""
+    found = []
+    for line in str(text or "").splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        if _LSPCI_LINE_RE.match(line):
+            if not re.search(r"\[03[0-9a-f]{2}\]", line, re.I):
+                continue
+            ids = re.search(r"\[10de:([0-9a-f]{4})\]", line, re.I)
+            if BLACKWELL_NAME_RE.search(line) or (ids and ids.group(1).lower() in BLACKWELL_DEVICE_IDS):
+                slot, _unused, device = line.partition(" ")
+                device = device.split(": ", 1)[-1]
+                found.append("%s %s" % (slot, re.sub(r"\s*\(rev [0-9a-f]+\)$", "", device)))
+        elif BLACKWELL_NAME_RE.search(line):
+            found.append(line)
+    return found
+
+
+def node_gpu_errors(text, branch, open_modules=True):
+    """Blackwell GPUs seen on the node (blackwell_gpus) that the chosen module flavour or branch cannot
+    drive, whatever the hardware profile says, as sentences with the fix."""
+    gpus = blackwell_gpus(text)
+    if not gpus:
+        return []
+    seen = "; ".join(gpus)
+    errors = []
+    if not open_modules:
+        errors.append(
+            "The node has Blackwell GPUs (%s), which run only on the open kernel modules, but nvidia_driver_open_modules "
+            "is false. Fix: set nvidia_driver_open_modules: true (and hmk_hardware.gpus.arch to the cards' compute "
+            "capability, e.g. \"120\" for RTX 50 cards, \"100\" for B200)." % seen)
+    try:
+        value = branch_of(branch)
+    except CompatError as exc:
+        return errors + [str(exc)]
+    if value < BLACKWELL_MIN_BRANCH:
+        errors.append(
+            "The node has Blackwell GPUs (%s), which need driver branch %d or newer, but the branch is %s. Fix: set "
+            "nvidia_driver_branch to \"%d\" (the long-term branch)." % (seen, BLACKWELL_MIN_BRANCH, branch, DEFAULT_BRANCH))
     return errors
 
 
@@ -386,15 +488,24 @@ def boot_kernel(candidates):
 
 # --- driver branches and package naming -------------------------------------------------------
 
-# NVIDIA's data-center driver branches still in support (the "Supported Drivers and CUDA Toolkit
-# Versions" lifecycle as of late 2026, BRIEF section 4). R570 and the other short-lived branches
-# get no more fixes.
+# NVIDIA's data-center driver branches in support, as of 2026-12 (BRIEF.md section 9, "Upstream as of
+# 2026-12"; NVIDIA's "Supported Drivers and CUDA Toolkit Versions" page names the designations). A stored
+# copy of that page from early 2026 gives R580 "August 2028"; the brief's June 2028 holds here.
 SUPPORTED_BRANCHES = {
-    535: "long-term support branch",
-    580: "long-term support branch, supported until June 2028",
-    595: "production branch",
+    580: ("long-term support branch", "June 2028"),
+    595: ("production branch", "March 2027"),
+    620: ("long-term support branch", "September 2029"),
 }
 DEFAULT_BRANCH = 580
+
+# Branches NVIDIA supported until recently, with the month support ended (same sources; R570's date from
+# NVIDIA's page, R535's from the brief). Every other branch older than the supported ones (R575, R565,
+# R560, R550, R525...) is past its end of life too; these two are named because nodes still run them
+# (R535 is what Debian 12 ships).
+END_OF_LIFE_BRANCHES = {
+    535: "June 2026",
+    570: "February 2026",
+}
 
 # From R590 NVIDIA's Ubuntu repositories name the driver packages without the branch
 # (nvidia-dkms-580-open became nvidia-dkms-open, cuda-drivers-580 has no R590 successor); the
@@ -405,19 +516,56 @@ UNSUFFIXED_FROM_BRANCH = 590
 _BRANCH_SUFFIX_RE = re.compile(r"^(?P<base>(?:lib)?(?:nvidia|cuda)[a-z0-9-]*?)-(?P<branch>[3-9]\d\d)(?P<rest>(?:-[a-z]+)*)$")
 
 
-def branch_support_errors(branch, allow_unsupported=False):
-    """The branch outside NVIDIA's support table, as one sentence with the fix (empty when supported)."""
+def _supported_from(value):
+    """' (supported: "620")': the supported branches at or above a needed one, or '' when none is."""
+    fitting = sorted(b for b in SUPPORTED_BRANCHES if b >= value)
+    return " (supported: %s)" % ", ".join('"%d"' % b for b in fitting) if fitting and fitting[0] != value else ""
+
+
+def _supported_listing():
+    return ", ".join("R%d (%s, end of life %s)" % (b, kind, eol) for b, (kind, eol) in sorted(SUPPORTED_BRANCHES.items()))
+
+
+def _outside_support(branch, value):
+    """Why a branch is outside NVIDIA's support table, naming the end of life where it is known."""
+    ended = END_OF_LIFE_BRANCHES.get(value)
+    return "NVIDIA driver branch %s is outside NVIDIA's support table%s (supported: %s), so it gets no more security or bug fixes" % (
+        branch, (": it reached its end of life in %s" % ended) if ended else "", _supported_listing())
+
+
+def branch_support_errors(branch, allow_unsupported=False, shipped_by=""):
+    """The branch outside NVIDIA's support table, as one sentence with the fix (empty when supported, or
+    accepted knowingly with allow_unsupported; branch_support_warnings then says so).
+
+    shipped_by: the distribution whose own driver is this branch (e.g. "Debian 12") when the role installs
+    the distribution's packages, which cannot change the branch: the fix is NVIDIA's repository then."""
     try:
         value = branch_of(branch)
     except CompatError as exc:
         return [str(exc)]
     if value in SUPPORTED_BRANCHES or allow_unsupported:
         return []
-    listed = ", ".join("R%d (%s)" % (b, note) for b, note in sorted(SUPPORTED_BRANCHES.items()))
-    return ["NVIDIA driver branch %s is outside NVIDIA's support table (supported: %s), so it gets no more security or "
-            "bug fixes. Fix: set nvidia_driver_branch to \"%d\" (the long-term branch, the default), or set "
-            "nvidia_driver_allow_unsupported_branch: true to keep branch %s knowingly."
-            % (branch, listed, DEFAULT_BRANCH, branch)]
+    if shipped_by:
+        fix = ("%s's own driver is branch %s and cannot be moved to a supported one: set nvidia_driver_source: nvidia and "
+               "nvidia_driver_branch: \"%d\" (the long-term branch, the default, from NVIDIA's repository for %s), or set "
+               "nvidia_driver_allow_unsupported_branch: true to keep %s's branch %s knowingly"
+               % (shipped_by, branch, DEFAULT_BRANCH, shipped_by, shipped_by, branch))
+    else:
+        fix = ("set nvidia_driver_branch to \"%d\" (the long-term branch, the default), or set "
+               "nvidia_driver_allow_unsupported_branch: true to keep branch %s knowingly" % (DEFAULT_BRANCH, branch))
+    return ["%s. Fix: %s." % (_outside_support(branch, value), fix)]
+
+
+def branch_support_warnings(branch, allow_unsupported=False):
+    """The warning a run gives when nvidia_driver_allow_unsupported_branch keeps a branch outside the table."""
+    try:
+        value = branch_of(branch)
+    except CompatError:
+        return []
+    if value in SUPPORTED_BRANCHES or not allow_unsupported:
+        return []
+    return ["%s; kept because nvidia_driver_allow_unsupported_branch is true. Move to a supported branch "
+            "(nvidia_driver_branch: \"%d\") as soon as the node allows." % (_outside_support(branch, value), DEFAULT_BRANCH)]
 
 
 def unsuffixed_name(name):
@@ -933,6 +1081,10 @@ class FilterModule:
             "hmk_boot_kernel": boot_kernel,
             "hmk_openpgp_fingerprints": openpgp_fingerprints,
             "hmk_nvidia_branch_support_errors": branch_support_errors,
+            "hmk_nvidia_branch_support_warnings": branch_support_warnings,
+            "hmk_nvidia_required_driver": required_driver,
+            "hmk_nvidia_blackwell_gpus": blackwell_gpus,
+            "hmk_nvidia_node_gpu_errors": node_gpu_errors,
             "hmk_nvidia_missing_package_errors": missing_package_errors,
             "hmk_nvidia_apt_sources": parse_apt_sources,
             "hmk_nvidia_repo_conflicts": repo_conflicts,

@@ -1,6 +1,7 @@
-"""Unit tests for plugins/filter/hmk_nvidia.py: the toolkit/driver table, version
-parsing (odd versions included), the Blackwell/open-module and CUDA 13 architecture rules, the
-error texts, the repository key fingerprint and the post-check parsers."""
+"""Unit tests for plugins/filter/hmk_nvidia.py: the toolkit/driver table (CUDA 12.x and 13.x, the
+13.4+ releases without a bundled driver, minor-version compatibility), version parsing (odd versions
+included), the Blackwell/open-module and CUDA 13 architecture rules (from the profile and from the
+GPUs the node shows), the error texts, the repository key fingerprint and the post-check parsers."""
 import base64
 import importlib
 import io
@@ -14,7 +15,8 @@ sys.path.insert(0, os.path.join(ROOT, "plugins", "filter"))
 
 nv = importlib.import_module("hmk_nvidia")
 
-FIXTURES = os.path.join(ROOT, "tests", "fixtures", "hardware", "own")
+HARDWARE = os.path.join(ROOT, "tests", "fixtures", "hardware")
+FIXTURES = os.path.join(HARDWARE, "own")
 
 # Throwaway keys made with GnuPG 2.2 (`gpg --quick-gen-key ... ed25519|rsa2048`, then
 # `gpg --export-options export-minimal --armor --export`); the fingerprints are what
@@ -67,9 +69,58 @@ RSA_FPR = "28F2FF340881F8D31A7A757923CAF84B19A6F05E"
     ("13.0", "580.65.06"),
     ("13", "580.65.06"),
     ("12-8", "570.26"),
+    ("13.0.1", "580.82.07"),
+    ("13.0.2", "580.95.05"),
+    ("13.1", "590.44.01"),
+    ("13.1.1", "590.48.01"),
+    ("13.2", "595.45.04"),
+    ("13.2.1", "595.58.03"),
+    ("13.3", "610.43.02"),
+    ("13.3.1", "610.43.02"),
+    # No Linux driver comes with 13.4 and later: the oldest one they run on is the 13.x floor.
+    ("13.4", "580.65.06"),
+    ("13.5", "580.65.06"),
+    ("13.5.0", "580.65.06"),
 ])
 def test_minimum_driver_per_toolkit(toolkit, driver):
     assert nv.min_driver(toolkit) == driver
+
+
+@pytest.mark.parametrize("driver, toolkit", [
+    ("580", "13.0.2"), ("595", "13.2"), ("595.58.03", "13.2.1"), ("620", "13.3"), ("620", "13.0"), ("620", "12.8"),
+])
+def test_cuda13_pairs_the_table_vouches_for_pass(driver, toolkit):
+    assert nv.compat_errors(driver, toolkit) == []
+
+
+def test_cuda13_newer_than_the_branch_is_refused_naming_the_supported_branch_and_minor_version_compat():
+    errors = nv.compat_errors("580", "13.3")
+    assert len(errors) == 1
+    text = errors[0]
+    assert "CUDA toolkit 13.3 needs NVIDIA driver >= 610.43.02 but the driver is 580" in text
+    assert 'nvidia_driver_branch to "610" or newer (supported: "620")' in text
+    assert "nvidia_driver_allow_minor_version_compat: true" in text and "580.65.06" in text
+    assert nv.compat_errors("580", "13.3", minor_version_compat=True) == []
+    assert nv.compat_errors("595.45.04", "13.2.1")[0].startswith("CUDA toolkit 13.2.1 needs NVIDIA driver >= 595.58.03")
+
+
+@pytest.mark.parametrize("toolkit", ["13.4", "13.5", "13.5.1"])
+def test_cuda_13_4_and_later_come_without_a_driver_and_need_minor_version_compat(toolkit):
+    for branch in ("580", "595", "620"):
+        errors = nv.compat_errors(branch, toolkit)
+        assert len(errors) == 1, errors
+        assert "comes without a Linux driver" in errors[0] and ">= 580.65.06" in errors[0]
+        assert "nvidia_driver_allow_minor_version_compat: true" in errors[0]
+        assert nv.compat_errors(branch, toolkit, minor_version_compat=True) == []
+    assert "needs NVIDIA driver >= 580.65.06 but the driver is 575" in nv.compat_errors("575", toolkit, minor_version_compat=True)[0]
+
+
+def test_the_driver_required_on_the_node_follows_minor_version_compat():
+    assert nv.required_driver("13.3") == "610.43.02"
+    assert nv.required_driver("13.3", True) == "580.65.06"
+    assert nv.required_driver("12.8", True) == "525.60.13"
+    assert nv.required_driver("13.5", False) == "580.65.06"
+    assert nv.required_driver("11.8", True) == "450.80.02"
 
 
 def test_unknown_toolkit_is_refused_with_the_table_named():
@@ -197,6 +248,59 @@ def test_blackwell_on_open_modules_and_r570_passes():
 def test_blackwell_needs_r570():
     text = " ".join(nv.compat_errors("565", None, True, ["120"]))
     assert "sm_120" in text and "570" in text and "565" in text
+
+
+def test_every_blackwell_compute_capability_refuses_proprietary_modules():
+    for arch in ("100", "103", "120", "121", "10.0", "12.0", "sm_120"):
+        errors = nv.compat_errors("580", None, open_modules=False, gpu_archs=[arch])
+        assert len(errors) == 1 and "Blackwell" in errors[0] and "nvidia_driver_open_modules: true" in errors[0], arch
+
+
+# --- the GPUs the node itself shows (lspci before the driver, nvidia-smi with one) --------------
+
+LSPCI_5090 = ("01:00.0 VGA compatible controller [0300]: NVIDIA Corporation GB202 [GeForce RTX 5090] [10de:2b85] (rev a1)\n"
+              "01:00.1 Audio device [0403]: NVIDIA Corporation GB202 High Definition Audio Controller [10de:22e8] (rev a1)\n")
+# Debian 12's pci.ids predates the card: lspci prints the id only.
+LSPCI_5090_OLD_PCI_IDS = "0000:c1:00.0 VGA compatible controller [0300]: NVIDIA Corporation Device [10de:2b85] (rev a1)\n"
+LSPCI_B200 = "1b:00.0 3D controller [0302]: NVIDIA Corporation GB100 [B200] [10de:2901] (rev a1)\n"
+
+
+def read_hardware(name):
+    with io.open(os.path.join(HARDWARE, name), encoding="utf-8") as handle:
+        return handle.read()
+
+
+@pytest.mark.parametrize("text, shown", [
+    (LSPCI_5090, ["01:00.0 NVIDIA Corporation GB202 [GeForce RTX 5090] [10de:2b85]"]),
+    (LSPCI_5090_OLD_PCI_IDS, ["0000:c1:00.0 NVIDIA Corporation Device [10de:2b85]"]),
+    (LSPCI_B200, ["1b:00.0 NVIDIA Corporation GB100 [B200] [10de:2901]"]),
+    ("NVIDIA RTX PRO 6000 Blackwell Workstation Edition\n", ["NVIDIA RTX PRO 6000 Blackwell Workstation Edition"]),
+    ("NVIDIA GB200\nNVIDIA B300 SXM6 AC\nNVIDIA GeForce RTX 5070 Ti\n",
+     ["NVIDIA GB200", "NVIDIA B300 SXM6 AC", "NVIDIA GeForce RTX 5070 Ti"]),
+], ids=["lspci-rtx5090", "lspci-old-pci-ids", "lspci-b200", "smi-rtx-pro-6000", "smi-names"])
+def test_blackwell_gpus_are_recognised_by_name_or_pci_id(text, shown):
+    assert nv.blackwell_gpus(text) == shown
+
+
+def test_real_outputs_show_blackwell_only_where_it_is():
+    assert len(nv.blackwell_gpus(read_hardware("nvidia-smi--1x-rtx5090-driver-595-cuda-13.2-p5.txt"))) == 1
+    assert len(nv.blackwell_gpus(read_hardware("nvidia-smi--2x-rtx5090-r610-kmd-version-header.txt"))) == 2
+    assert nv.blackwell_gpus(read_hardware("nvidia-smi--4x-rtx6000ada-esc8000a-2x-epyc-9374f.txt")) == []
+    assert nv.blackwell_gpus(read_hardware("lspci-nnk--2x-rtx3090-nvidia-driver-grep-A3.txt")) == []
+
+
+def test_blackwell_on_the_node_refuses_proprietary_modules_whatever_the_profile_says():
+    errors = nv.node_gpu_errors(LSPCI_5090_OLD_PCI_IDS, "580", open_modules=False)
+    assert len(errors) == 1
+    assert "Blackwell" in errors[0] and "[10de:2b85]" in errors[0] and "nvidia_driver_open_modules: true" in errors[0]
+    assert nv.node_gpu_errors(LSPCI_5090_OLD_PCI_IDS, "580", open_modules=True) == []
+    assert nv.node_gpu_errors(read_hardware("lspci-nnk--2x-rtx3090-nvidia-driver-grep-A3.txt"), "580", False) == []
+    assert nv.node_gpu_errors("", "535", False) == []
+
+
+def test_blackwell_on_the_node_refuses_a_branch_before_r570():
+    text = " ".join(nv.node_gpu_errors(LSPCI_B200, "535", open_modules=True))
+    assert "B200" in text and "570 or newer" in text and "535" in text and 'nvidia_driver_branch to "580"' in text
 
 
 def test_ada_runs_either_module_flavour():

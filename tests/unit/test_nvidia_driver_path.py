@@ -37,17 +37,54 @@ def listing(files):
 
 def test_the_default_branch_is_the_long_term_r580_and_supported():
     assert nv.DEFAULT_BRANCH == 580
-    for branch in ("535", "580", "595", "580.95.05"):
-        assert nv.branch_support_errors(branch) == []
+    for branch in ("580", "595", "620", "580.95.05", "620.12.03"):
+        assert nv.branch_support_errors(branch) == [], branch
+        assert nv.branch_support_warnings(branch, allow_unsupported=True) == [], branch
+
+
+def test_r535_is_refused_naming_its_end_of_life_and_the_supported_branches():
+    errors = nv.branch_support_errors("535")
+    assert len(errors) == 1
+    text = errors[0]
+    assert "branch 535 is outside NVIDIA's support table" in text and "end of life in June 2026" in text
+    assert "R580 (long-term support branch, end of life June 2028)" in text
+    assert "R595 (production branch, end of life March 2027)" in text
+    assert "R620 (long-term support branch, end of life September 2029)" in text
+    assert "R535" not in text.split("supported:", 1)[1]
+    assert 'nvidia_driver_branch to "580" (the long-term branch' in text
+    assert "nvidia_driver_allow_unsupported_branch: true" in text
+
+
+def test_r535_kept_with_the_override_warns_with_its_end_of_life():
+    assert nv.branch_support_errors("535", allow_unsupported=True) == []
+    warnings = nv.branch_support_warnings("535", allow_unsupported=True)
+    assert len(warnings) == 1 and "end of life in June 2026" in warnings[0]
+    assert "kept because nvidia_driver_allow_unsupported_branch is true" in warnings[0]
+    assert nv.branch_support_warnings("535") == []
+
+
+def test_debians_own_r535_points_at_nvidias_repository():
+    text = nv.branch_support_errors("535", False, "Debian 12")[0]
+    assert "end of life in June 2026" in text and "Debian 12's own driver is branch 535" in text
+    assert "nvidia_driver_source: nvidia" in text and 'nvidia_driver_branch: "580"' in text
+    assert "nvidia_driver_allow_unsupported_branch: true" in text
+    assert nv.branch_support_errors("535", True, "Debian 12") == []
 
 
 def test_r570_is_refused_with_the_supported_branches_and_both_fixes():
     errors = nv.branch_support_errors("570")
     assert len(errors) == 1
     text = errors[0]
-    assert "570" in text and "R580" in text and "R535" in text and "R595" in text
+    assert "570" in text and "February 2026" in text and "R580" in text and "R595" in text and "R620" in text
     assert 'nvidia_driver_branch to "580"' in text and "nvidia_driver_allow_unsupported_branch: true" in text
     assert nv.branch_support_errors("570", allow_unsupported=True) == []
+
+
+@pytest.mark.parametrize("branch", ["550", "590", "610", "630"])
+def test_other_branches_outside_the_table_are_refused_without_a_date(branch):
+    text = nv.branch_support_errors(branch)[0]
+    assert "branch %s is outside NVIDIA's support table (supported: R580" % branch in text
+    assert "end of life in" not in text
 
 
 def _names(line):

@@ -1,5 +1,6 @@
 """Debian 12's non-free NVIDIA driver installed by the nvidia_driver role in the container twin:
-what an operator would check on the node after the play."""
+what an operator would check on the node after the play. Debian 12's branch (535) is past NVIDIA's
+end of life: the side effect's refused run and the kept branch's warning are checked too."""
 import json
 import re
 
@@ -105,3 +106,18 @@ def test_role_reported_no_gpu_plainly(host, image_kernel):
     assert status["gpu_checks"] == "skipped: no GPU on this node"
     assert status["boot_kernel"] == image_kernel
     assert status["dkms"] and status["dkms"][0].startswith("nvidia-current/535.")
+
+
+def test_the_end_of_life_branch_was_refused_without_the_override(host):
+    text = host.file("/var/tmp/hmk-side-effect-eol-branch.txt").content_string
+    assert "branch 535 is outside NVIDIA's support table: it reached its end of life in June 2026" in text
+    assert "R580 (long-term support branch, end of life June 2028)" in text and "R620" in text
+    assert "Debian 12's own driver is branch 535" in text and "nvidia_driver_source: nvidia" in text
+
+
+def test_the_kept_end_of_life_branch_is_recorded_with_its_date(host):
+    status = json.loads(host.file("/var/lib/hybrid-moe-kit/nvidia_driver.json").content_string)
+    assert status["branch"] == "535"
+    assert len(status["branch_warnings"]) == 1, status["branch_warnings"]
+    warning = status["branch_warnings"][0]
+    assert "end of life in June 2026" in warning and "kept because nvidia_driver_allow_unsupported_branch is true" in warning

@@ -158,6 +158,7 @@ def test_role_reported_no_gpu(host, image_kernel):
     assert status["gpus_present"] is False and status["gpu_checks"] == "skipped: no GPU on this node"
     assert status["toolkit"] == "12.8" and status["branch"] == "580" and status["boot_kernel"] == image_kernel
     assert status["driver_version"] == "580.95.05"
+    assert status["branch_warnings"] == []
 
 
 def test_check_mode_on_the_fresh_twin_reported_changes(host):
