@@ -82,7 +82,7 @@ def test_upgrade_drains_and_restores_the_node_on_the_gateways():
 
 
 def test_model_swap_is_rolling_and_restores_the_old_model():
-    play = _play("model-swap.yml")
+    play = _play("model_swap.yml")
     _rolling(play, "model_swap_serial")
     block = _block(play)
     assert _includes(block["block"]) == [
@@ -95,7 +95,7 @@ def test_model_swap_is_rolling_and_restores_the_old_model():
 
 
 def test_model_swap_drains_and_restores_the_node_on_the_gateways():
-    block = _block(_play("model-swap.yml"))
+    block = _block(_play("model_swap.yml"))
     assert [(r, f) for r, f, _unused in _includes(block["block"], gateway=True)] == [
         ("model_sync", None), ("gateway", "drain.yml"), ("inference_service", None), ("gateway", "restore.yml")]
     assert [(r, f) for r, f, _unused in _includes(block["rescue"], gateway=True)] == [
@@ -103,7 +103,7 @@ def test_model_swap_drains_and_restores_the_node_on_the_gateways():
 
 
 def test_model_swap_deletes_the_old_model_only_when_asked_and_after_success():
-    play = _play("model-swap.yml")
+    play = _play("model_swap.yml")
     tasks = play["tasks"]
     removals = [t for t in tasks if t.get("ansible.builtin.file", {}).get("state") == "absent"]
     assert len(removals) == 1
@@ -119,7 +119,7 @@ def _tune_play():
 
 
 def test_every_day2_playbook_starts_each_batch_with_the_fleet_guard():
-    for play in (_play("upgrade.yml"), _play("model-swap.yml"), _tune_play()):
+    for play in (_play("upgrade.yml"), _play("model_swap.yml"), _tune_play()):
         first = play["tasks"][0]["ansible.builtin.include_role"]
         assert (first["name"], first["tasks_from"]) == ("hmk.moe_kit.inference_service", "fleet_guard")
 

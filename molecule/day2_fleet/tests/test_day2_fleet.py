@@ -1,7 +1,7 @@
 """Day-2 operations on the two-node fleet, checked from the nodes' real state after side_effect.
 
 side_effect ran, in order: (a) playbooks/upgrade.yml to upgrade-good, (b) playbooks/upgrade.yml to upgrade-bad-gate,
-(c) playbooks/model-swap.yml on day2-a to tiny-qwen3moe, (d) the same to a catalog entry with a wrong sha256. It left
+(c) playbooks/model_swap.yml on day2-a to tiny-qwen3moe, (d) the same to a catalog entry with a wrong sha256. It left
 each run's exit status and output in runs.json and a snapshot of every node after every run (<stage>.json).
 """
 import json
