@@ -316,6 +316,77 @@ def test_no_key_on_the_command_line():
         argv(extra=["--api-key", "secret"])
 
 
+# --- sglang-kt's opt-in expert options (server_args.py of kvcache-ai/sglang 1e098a77, ktransformers' submodule from
+# 2026-07-10; the same in kt-kernel/README.md at the pin) ------------------------------------------------------------
+
+NEW_KT_FLAGS = ["--kt-gpu-prefill-token-threshold", "--kt-expert-placement-strategy",
+                "--kt-enable-dynamic-expert-update", "--kt-numa-nodes"]
+
+
+def test_the_expert_options_are_off_by_default():
+    with open(os.path.join(ROOT, "roles/inference_service/defaults/main.yml")) as handle:
+        service = yaml.safe_load(handle)
+    got = argv(gpu_prefill_token_threshold=service["inference_service_kt_gpu_prefill_token_threshold"],
+               expert_placement_strategy=service["inference_service_kt_expert_placement_strategy"],
+               enable_dynamic_expert_update=service["inference_service_kt_enable_dynamic_expert_update"],
+               numa_nodes=service["inference_service_kt_numa_nodes"])
+    assert got == argv()
+    assert not set(NEW_KT_FLAGS) & set(got)
+
+
+def test_each_expert_option_is_rendered_when_set():
+    got = argv(threadpool_count=2, gpu_prefill_token_threshold=4096, expert_placement_strategy="front-loading",
+               enable_dynamic_expert_update=True, numa_nodes=[0, 1])
+    assert got[got.index("--kt-gpu-prefill-token-threshold") + 1] == "4096"
+    assert got[got.index("--kt-expert-placement-strategy") + 1] == "front-loading"
+    assert "--kt-enable-dynamic-expert-update" in got
+    # nargs='+': the ids follow the flag as separate arguments, as many as there are thread pools
+    assert got[got.index("--kt-numa-nodes"):got.index("--kt-numa-nodes") + 3] == ["--kt-numa-nodes", "0", "1"]
+    assert argv(gpu_prefill_token_threshold="1024")[-3:-1] == ["--kt-gpu-prefill-token-threshold", "1024"]
+    assert "--kt-enable-dynamic-expert-update" not in argv(gpu_prefill_token_threshold=1024,
+                                                          enable_dynamic_expert_update="False")
+
+
+@pytest.mark.parametrize("opts,message", [
+    ({"gpu_prefill_token_threshold": -1}, "must be 0 \\(off\\) or a token count"),
+    ({"expert_placement_strategy": "hot"}, "'hot' is not one sglang-kt accepts"),
+    ({"enable_dynamic_expert_update": True}, "only --kt-gpu-prefill-token-threshold turns on"),
+    ({"numa_nodes": [0, 1]}, "lists 2 node\\(s\\) and --kt-threadpool-count is 1"),
+    ({"numa_nodes": [1, 1], "threadpool_count": 2}, "distinct NUMA node ids"),
+])
+def test_bad_expert_options_are_refused_by_name(opts, message):
+    with pytest.raises(svc.AnsibleFilterError, match=message):
+        argv(**opts)
+
+
+def test_the_build_proves_the_expert_options_and_the_service_checks_them():
+    llama = _load("llama_build_filters_kt", "plugins/filter/llama_build.py")
+    assert set(NEW_KT_FLAGS) <= set(SERVICE_FLAGS)
+    # A parser without them (an older sglang-kt) fails the build's proof, naming each.
+    old_help = "usage: launch_server.py [--model-path MODEL_PATH] [--kt-weight-path KT_WEIGHT_PATH]\n"
+    assert llama.missing_in_help(old_help, NEW_KT_FLAGS) == NEW_KT_FLAGS
+    new_help = old_help + ("  --kt-numa-nodes KT_NUMA_NODES [KT_NUMA_NODES ...]\n  --kt-gpu-prefill-token-threshold N\n"
+                           "  --kt-enable-dynamic-expert-update\n  --kt-expert-placement-strategy "
+                           "{frequency,front-loading,uniform,random}\n")
+    assert llama.missing_in_help(new_help, NEW_KT_FLAGS) == []
+    # A build recorded with the older list: the service refuses the option instead of passing it blind.
+    older = [f for f in SERVICE_FLAGS if f not in NEW_KT_FLAGS]
+    with pytest.raises(svc.AnsibleFilterError, match="does not list --kt-numa-nodes"):
+        argv(threadpool_count=2, numa_nodes=[0, 1], accepted=older)
+
+
+def test_the_role_passes_the_expert_options_to_the_argv_builder():
+    with open(os.path.join(ROOT, "roles/inference_service/tasks/plan.yml")) as handle:
+        tasks = yaml.safe_load(handle)
+    rendered = [t for t in tasks if "__inference_service_argv" in str(t.get("ansible.builtin.set_fact", {}))][0]
+    opts = rendered["vars"]["__inference_service_kt_opts"]
+    for key, var in (("gpu_prefill_token_threshold", "inference_service_kt_gpu_prefill_token_threshold"),
+                     ("expert_placement_strategy", "inference_service_kt_expert_placement_strategy"),
+                     ("enable_dynamic_expert_update", "inference_service_kt_enable_dynamic_expert_update"),
+                     ("numa_nodes", "inference_service_kt_numa_nodes")):
+        assert var in opts[key]
+
+
 def test_lab_twin_profile_declares_no_gpu():
     assert int(LAB_TWIN["gpus"]["count"]) == 0
     assert GENOA_5090["gpus"]["arch"] == "120" and int(MILAN_4X4090["gpus"]["count"]) == 4
