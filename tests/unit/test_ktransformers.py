@@ -214,6 +214,66 @@ def test_gpu_less_and_amx_envs():
     assert "CUDA_COMPILER_LAUNCHER" not in env["CMAKE_ARGS"]
 
 
+# --- AOCL-BLIS (kt-kernel setup.py: CPUINFER_ENABLE_BLIS -> -DKTRANSFORMERS_CPU_MOE_AMD; CMake's BLIS_ROOT) -----------
+
+AMD = "AuthenticAMD"
+
+
+def test_aocl_blis_is_off_by_default_and_adds_nothing():
+    assert DEFAULTS["ktransformers_build_blas"] == "default" and DEFAULTS["ktransformers_build_blis_root"] == ""
+    env = env_for(ZEN4_FLAGS, ["120"], blas=DEFAULTS["ktransformers_build_blas"],
+                  blis_root=DEFAULTS["ktransformers_build_blis_root"])
+    assert env == env_for(ZEN4_FLAGS, ["120"])
+    assert "CPUINFER_ENABLE_BLIS" not in env and "BLIS_ROOT" not in env["CMAKE_ARGS"]
+
+
+def test_aocl_blis_sets_the_setup_py_switch_and_cmakes_blis_root():
+    env = env_for(ZEN4_FLAGS, ["120"], blas="aocl", blis_root="/opt/AMD/aocl/5.1/gcc/")
+    assert env["CPUINFER_ENABLE_BLIS"] == "ON"
+    assert env["CMAKE_ARGS"].split()[-1] == "-DBLIS_ROOT=/opt/AMD/aocl/5.1/gcc"
+    assert "-DCMAKE_C_COMPILER_LAUNCHER=ccache" in env["CMAKE_ARGS"].split()
+    bare = env_for(ZEN3_FLAGS, [], blas="aocl", ccache=False)
+    assert bare["CPUINFER_ENABLE_BLIS"] == "ON" and "CMAKE_ARGS" not in bare
+    # its own build: the key follows the switch
+    assert kt.build_key(PIN, plan("p", env=env), "/r") != kt.build_key(PIN, plan("p", env=env_for(ZEN4_FLAGS, ["120"])), "/r")
+    with pytest.raises(kt.AnsibleFilterError, match="ktransformers_build_blas must be one of default, aocl"):
+        env_for(ZEN4_FLAGS, [], blas="openblas")
+
+
+def test_aocl_blis_is_refused_off_amd_and_without_the_library():
+    good = request(blas="aocl", cpu_vendor=AMD, blis_header=True, blis_library=True)
+    assert kt.guardrails(good) == []
+    assert refused(kt.guardrails(dict(good, cpu_vendor="GenuineIntel")), "vendor_id is 'GenuineIntel', not AuthenticAMD")
+    assert refused(kt.guardrails(dict(good, cpu_vendor="")), "vendor_id is 'unknown'")
+    no_lib = kt.guardrails(dict(good, blis_library=False, blis_root="/opt/aocl"))
+    assert refused(no_lib, "libblis is not under /opt/aocl") and refused(no_lib, "the kit downloads nothing")
+    assert refused(kt.guardrails(dict(good, blis_header=False)), "blis.h is not under /usr/local or /usr")
+    # the service's own check (build: false) has no build to judge
+    assert kt.guardrails(dict(good, cpu_vendor="GenuineIntel", build=False, cuda_version="")) == []
+    assert kt.guardrails(request(cpu_vendor="GenuineIntel")) == []
+
+
+def test_the_general_moe_methods_need_the_aocl_build_on_x86():
+    int8 = request(method="MOE_INT8", blas="aocl", cpu_vendor=AMD, blis_header=True, blis_library=True)
+    assert kt.guardrails(int8) == []
+    assert refused(kt.guardrails(dict(int8, blas="default")), "set ktransformers_build_blas: aocl")
+    assert refused(kt.guardrails(dict(int8, method="MOE_INT4")), "MOE_INT4 exists only in ARM builds")
+
+
+def test_the_proof_wants_the_aocl_kernel_when_asked():
+    good = {"variant": "avx512", "cuda": False, "versions": {"kt-kernel": "0.7.0"}, "moe_kernel": True}
+    expect = {"kt_version": "0.7.0", "cpu_instruct": "NATIVE", "cuda": False, "serve": False, "blas": "aocl"}
+    assert kt.proof_problems(good, expect) == []
+    assert any("Int8_KERNEL_MOE" in p for p in kt.proof_problems(dict(good, moe_kernel=False), expect))
+    assert kt.proof_problems(dict(good, moe_kernel=False), dict(expect, blas="default")) == []
+
+
+def test_the_proof_script_reports_the_moe_kernel():
+    with open(os.path.join(ROOT, "roles/ktransformers_build/vars/main.yml")) as handle:
+        script = yaml.safe_load(handle)["__ktransformers_build_proof_script"]
+    assert 'out["moe_kernel"]' in script and "Int8_KERNEL_MOE" in script
+
+
 def plan(key="k", serve=True, env=None):
     return kt.build_plan({"root": "/opt/hmk/engines/ktransformers", "key": key, "python": "python3",
                           "torch_spec": "torch==2.9.1", "torch_args": ["--index-url", "https://download.pytorch.org/whl/cu128"],
