@@ -163,7 +163,8 @@ def llama_argv(opts):
     return argv + extra
 
 
-# --kt-expert-placement-strategy's choices in sglang-kt's parser (server_args.py, unchanged from May to July 2026).
+# --kt-expert-placement-strategy's choices in sglang-kt's parser (kvcache-ai/sglang server_args.py: the same at
+# 40d3a822, 2026-05, and 1e098a77, 2026-07, the newest of ktransformers' submodule commits readable here).
 KT_PLACEMENT_STRATEGIES = ("frequency", "front-loading", "uniform", "random")
 
 
