@@ -163,6 +163,49 @@ def llama_argv(opts):
     return argv + extra
 
 
+# --kt-expert-placement-strategy's choices in sglang-kt's parser (kvcache-ai/sglang server_args.py: the same at
+# 40d3a822, 2026-05, and 1e098a77, 2026-07, the newest of ktransformers' submodule commits readable here).
+KT_PLACEMENT_STRATEGIES = ("frequency", "front-loading", "uniform", "random")
+
+
+def kt_expert_argv(opts):
+    """The opt-in sglang-kt expert options, each rendered only when set (sglang-kt's own defaults otherwise).
+
+    gpu_prefill_token_threshold: int, 0 = off (--kt-gpu-prefill-token-threshold N: a prefill of N tokens or more runs
+    the layer's experts on the GPU); expert_placement_strategy: '' or one of KT_PLACEMENT_STRATEGIES;
+    enable_dynamic_expert_update: bool (a flag; it acts only on the GPU prefill, so it needs the threshold);
+    numa_nodes: NUMA node ids, one per thread pool (--kt-numa-nodes 0 1: nargs='+', as many as --kt-threadpool-count).
+    """
+    argv = []
+    threshold = opts.get("gpu_prefill_token_threshold")
+    threshold = int(threshold) if threshold not in (None, "") else 0
+    if threshold < 0:
+        _fail("--kt-gpu-prefill-token-threshold must be 0 (off) or a token count, not %d" % threshold)
+    if threshold:
+        argv += ["--kt-gpu-prefill-token-threshold", str(threshold)]
+    if str(opts.get("enable_dynamic_expert_update")).lower() in ("true", "1", "yes", "on"):
+        if not threshold:
+            _fail("--kt-enable-dynamic-expert-update updates the GPU experts after a GPU prefill, which only "
+                  "--kt-gpu-prefill-token-threshold turns on: set inference_service_kt_gpu_prefill_token_threshold too")
+        argv.append("--kt-enable-dynamic-expert-update")
+    strategy = str(opts.get("expert_placement_strategy") or "")
+    if strategy:
+        if strategy not in KT_PLACEMENT_STRATEGIES:
+            _fail("--kt-expert-placement-strategy %r is not one sglang-kt accepts (%s)"
+                  % (strategy, ", ".join(KT_PLACEMENT_STRATEGIES)))
+        argv += ["--kt-expert-placement-strategy", strategy]
+    nodes = [int(n) for n in opts.get("numa_nodes") or []]
+    if nodes:
+        pools = int(opts.get("threadpool_count") or 0)
+        if len(nodes) != pools:
+            _fail("--kt-numa-nodes lists %d node(s) and --kt-threadpool-count is %d: one NUMA node per thread pool, "
+                  "and the kit sets one pool per NUMA node of the node" % (len(nodes), pools))
+        if len(set(nodes)) != len(nodes) or min(nodes) < 0:
+            _fail("--kt-numa-nodes %s must name distinct NUMA node ids (0, 1, ...)" % " ".join(str(n) for n in nodes))
+        argv += ["--kt-numa-nodes"] + [str(n) for n in nodes]
+    return argv
+
+
 def kt_argv(opts):
     """sglang-kt arguments (after `python -m sglang.launch_server`) for KTransformers 0.7.x.
 
@@ -171,7 +214,8 @@ def kt_argv(opts):
     opts: model_path (HF folder: config, tokenizer, GPU weights), weight_path (--kt-weight-path), method,
     cpuinfer (physical cores), threadpool_count (NUMA nodes), num_gpu_experts, attention_backend, host, port,
     tensor_parallel_size, served_model_name, context_length, mem_fraction_static, max_deferred_experts_per_token,
-    metrics, accepted (flag list), extra.
+    gpu_prefill_token_threshold, expert_placement_strategy, enable_dynamic_expert_update, numa_nodes (see
+    kt_expert_argv), metrics, accepted (flag list), extra.
     """
     for key, flag in (("model_path", "--model-path"), ("weight_path", "--kt-weight-path"), ("method", "--kt-method")):
         if not opts.get(key):
@@ -190,6 +234,7 @@ def kt_argv(opts):
         argv += ["--tensor-parallel-size", str(int(opts["tensor_parallel_size"]))]
     if opts.get("max_deferred_experts_per_token") not in (None, ""):
         argv += ["--kt-max-deferred-experts-per-token", str(int(opts["max_deferred_experts_per_token"]))]
+    argv += kt_expert_argv(opts)
     if int(opts.get("context_length") or 0) > 0:
         argv += ["--context-length", str(int(opts["context_length"]))]
     if opts.get("mem_fraction_static"):

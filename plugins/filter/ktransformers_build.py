@@ -4,7 +4,7 @@
 What the role decides lives here, as plain functions with unit tests (tests/unit/test_ktransformers.py):
 the guardrails that refuse a request before anything is installed, kt-kernel's build environment per CPU
 class (checked against kt-kernel/setup.py at the pin: CPUINFER_CPU_INSTRUCT, CPUINFER_ENABLE_AMX,
-CPUINFER_USE_CUDA, CPUINFER_CUDA_ARCHS, CPUINFER_PARALLEL, CPUINFER_BUILD_TYPE, CMAKE_ARGS), the commands
+CPUINFER_USE_CUDA, CPUINFER_CUDA_ARCHS, CPUINFER_PARALLEL, CPUINFER_BUILD_TYPE, CPUINFER_ENABLE_BLIS, CMAKE_ARGS), the commands
 of one build, its key, and the reading of the post-build proof. CPU flags, CUDA architectures, the pin
 check and pruning are llama_build's filters (hmk.moe_kit.llama_build_*), called from the role, not copied.
 """
@@ -49,6 +49,11 @@ ARCH_FAMILY = {
     "qwen3moe": "qwen3moe", "qwen3_moe": "qwen3moe",
 }
 GB = 1000 ** 3
+# kt-kernel's BLAS choices: default (none), or aocl - AMD's AOCL-BLIS, the general MoE kernel's INT8 GEMM on AMD
+# CPUs (setup.py: CPUINFER_ENABLE_BLIS -> -DKTRANSFORMERS_CPU_MOE_AMD, which also turns on
+# -DKTRANSFORMERS_CPU_MOE_KERNEL; CMakeLists.txt looks for blis.h and libblis under BLIS_ROOT, /usr/local, /usr).
+BLAS_CHOICES = ("default", "aocl")
+AMD_VENDOR = "AuthenticAMD"
 
 
 def _fail(msg):
@@ -250,13 +255,52 @@ def guardrails(request):
     if serve and tp > max(int(request.get("gpu_count") or 0), 1):
         reasons.append("--tensor-parallel-size %d exceeds the %s GPU(s) the profile declares" % (tp, request.get("gpu_count")))
     reasons += version_problems(request.get("package_versions"), request.get("kt_version"))
+    if build:
+        reasons += blas_problems(request)
+        # ext_bindings.cpp at the pin binds the general MoE kernel's INT8 class only with USE_MOE_KERNEL (on x86: the
+        # AOCL-BLIS build), and its INT4 class only on aarch64 with KML.
+        if method == "MOE_INT4":
+            reasons.append("--kt-method MOE_INT4 exists only in ARM builds of kt-kernel (KML) at the pin; on x86 use "
+                           "MOE_INT8 with ktransformers_build_blas: aocl, or another method")
+        elif method == "MOE_INT8" and str(request.get("blas") or "default") != "aocl":
+            reasons.append("--kt-method MOE_INT8 runs on kt-kernel's general MoE kernel, which an x86 build has only "
+                           "with AOCL-BLIS: set ktransformers_build_blas: aocl (AMD CPUs)")
+    return reasons
+
+
+def blas_problems(request):
+    """Reasons an AOCL-BLIS build (blas: aocl) must not start: the CPU is not AMD's, or AOCL-BLIS is not installed.
+
+    request keys: blas (default | aocl), cpu_vendor (/proc/cpuinfo vendor_id, '' when unread), blis_root ('' for
+    kt-kernel's own search of /usr/local and /usr), blis_header, blis_library (bool: found on the node).
+    """
+    blas = str(request.get("blas") or "default")
+    if blas not in BLAS_CHOICES:
+        return ["ktransformers_build_blas %r is not one of %s" % (blas, ", ".join(BLAS_CHOICES))]
+    if blas != "aocl":
+        return []
+    reasons = []
+    vendor = str(request.get("cpu_vendor") or "")
+    if vendor != AMD_VENDOR:
+        reasons.append("ktransformers_build_blas: aocl builds kt-kernel's AMD MoE kernel on AOCL-BLIS, for AMD EPYC; "
+                       "this CPU's vendor_id is %r, not %s: leave ktransformers_build_blas at default"
+                       % (vendor or "unknown", AMD_VENDOR))
+    missing = [what for what, found in (("blis.h", request.get("blis_header")), ("libblis", request.get("blis_library")))
+               if not found]
+    if missing:
+        where = request.get("blis_root") or "/usr/local or /usr"
+        reasons.append("ktransformers_build_blas: aocl needs AOCL-BLIS on the node, and %s is not under %s (include/, "
+                       "lib/, lib64/): install it from your own package or mirror (AMD's aocl-blis package, or a local "
+                       "build of amd/blis) and set ktransformers_build_blis_root to its prefix; the kit downloads "
+                       "nothing" % (" and ".join(missing), where))
     return reasons
 
 
 def build_env(request):
     """kt-kernel's build environment (every name read by kt-kernel/setup.py at the pin).
 
-    request: cpu_flags, cpu_instruct, enable_amx, gpu_archs, cuda_home, jobs, kt_version, ccache (bool).
+    request: cpu_flags, cpu_instruct, enable_amx, gpu_archs, cuda_home, jobs, kt_version, ccache (bool),
+    blas (default | aocl), blis_root. Nothing is added for blas: default, so the keys of existing builds stay.
     """
     archs = _archs(request.get("gpu_archs"))
     env = {
@@ -271,11 +315,21 @@ def build_env(request):
     if archs:
         home = str(request.get("cuda_home") or "")
         env.update({"CUDA_HOME": home, "CPUINFER_CUDA_ARCHS": ";".join(archs)})
+    cmake_args = []
     if request.get("ccache", True):
-        launchers = ["-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"]
+        cmake_args = ["-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"]
         if archs:
-            launchers.append("-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache")
-        env["CMAKE_ARGS"] = " ".join(launchers)
+            cmake_args.append("-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache")
+    blas = str(request.get("blas") or "default")
+    if blas not in BLAS_CHOICES:
+        _fail("ktransformers_build_blas must be one of %s, not %r" % (", ".join(BLAS_CHOICES), blas))
+    if blas == "aocl":
+        env["CPUINFER_ENABLE_BLIS"] = "ON"
+        # setup.py's CPUINFER_BLIS_ROOT -> BLIS_ROOT forward is commented out at the pin: CMake gets it directly.
+        if request.get("blis_root"):
+            cmake_args.append("-DBLIS_ROOT=%s" % str(request["blis_root"]).rstrip("/"))
+    if cmake_args:
+        env["CMAKE_ARGS"] = " ".join(cmake_args)
     return env
 
 
@@ -326,7 +380,7 @@ def proof_problems(proof, expect):
     """What the post-build import check says is wrong (empty: the build is good).
 
     proof: the JSON the check prints (variant, cuda, versions {package: version}, error).
-    expect: kt_version, cpu_instruct, cuda (bool), serve (bool).
+    expect: kt_version, cpu_instruct, cuda (bool), serve (bool), blas (aocl: the proof's moe_kernel must be true).
     """
     problems = []
     if proof.get("error"):
@@ -343,6 +397,9 @@ def proof_problems(proof, expect):
     variant = str(proof.get("variant") or "")
     if expect.get("cpu_instruct") == "AVX2" and variant != "avx2":
         problems.append("the module reports CPU variant %r, not avx2: the AVX2 build carries AVX-512 code" % variant)
+    if expect.get("blas") == "aocl" and not proof.get("moe_kernel"):
+        problems.append("the module lacks the AOCL-BLIS MoE kernel (kt_kernel_ext.moe.Int8_KERNEL_MOE) the build asked "
+                        "for with ktransformers_build_blas: aocl")
     if bool(expect.get("cuda")) != bool(proof.get("cuda")):
         problems.append("the module %s the CUDA stream bridge (submit_with_cuda_stream), the build %s CUDA"
                         % ("has" if proof.get("cuda") else "lacks", "asked for" if expect.get("cuda") else "did not ask for"))

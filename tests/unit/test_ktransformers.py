@@ -214,6 +214,66 @@ def test_gpu_less_and_amx_envs():
     assert "CUDA_COMPILER_LAUNCHER" not in env["CMAKE_ARGS"]
 
 
+# --- AOCL-BLIS (kt-kernel setup.py: CPUINFER_ENABLE_BLIS -> -DKTRANSFORMERS_CPU_MOE_AMD; CMake's BLIS_ROOT) -----------
+
+AMD = "AuthenticAMD"
+
+
+def test_aocl_blis_is_off_by_default_and_adds_nothing():
+    assert DEFAULTS["ktransformers_build_blas"] == "default" and DEFAULTS["ktransformers_build_blis_root"] == ""
+    env = env_for(ZEN4_FLAGS, ["120"], blas=DEFAULTS["ktransformers_build_blas"],
+                  blis_root=DEFAULTS["ktransformers_build_blis_root"])
+    assert env == env_for(ZEN4_FLAGS, ["120"])
+    assert "CPUINFER_ENABLE_BLIS" not in env and "BLIS_ROOT" not in env["CMAKE_ARGS"]
+
+
+def test_aocl_blis_sets_the_setup_py_switch_and_cmakes_blis_root():
+    env = env_for(ZEN4_FLAGS, ["120"], blas="aocl", blis_root="/opt/AMD/aocl/5.1/gcc/")
+    assert env["CPUINFER_ENABLE_BLIS"] == "ON"
+    assert env["CMAKE_ARGS"].split()[-1] == "-DBLIS_ROOT=/opt/AMD/aocl/5.1/gcc"
+    assert "-DCMAKE_C_COMPILER_LAUNCHER=ccache" in env["CMAKE_ARGS"].split()
+    bare = env_for(ZEN3_FLAGS, [], blas="aocl", ccache=False)
+    assert bare["CPUINFER_ENABLE_BLIS"] == "ON" and "CMAKE_ARGS" not in bare
+    # its own build: the key follows the switch
+    assert kt.build_key(PIN, plan("p", env=env), "/r") != kt.build_key(PIN, plan("p", env=env_for(ZEN4_FLAGS, ["120"])), "/r")
+    with pytest.raises(kt.AnsibleFilterError, match="ktransformers_build_blas must be one of default, aocl"):
+        env_for(ZEN4_FLAGS, [], blas="openblas")
+
+
+def test_aocl_blis_is_refused_off_amd_and_without_the_library():
+    good = request(blas="aocl", cpu_vendor=AMD, blis_header=True, blis_library=True)
+    assert kt.guardrails(good) == []
+    assert refused(kt.guardrails(dict(good, cpu_vendor="GenuineIntel")), "vendor_id is 'GenuineIntel', not AuthenticAMD")
+    assert refused(kt.guardrails(dict(good, cpu_vendor="")), "vendor_id is 'unknown'")
+    no_lib = kt.guardrails(dict(good, blis_library=False, blis_root="/opt/aocl"))
+    assert refused(no_lib, "libblis is not under /opt/aocl") and refused(no_lib, "the kit downloads nothing")
+    assert refused(kt.guardrails(dict(good, blis_header=False)), "blis.h is not under /usr/local or /usr")
+    # the service's own check (build: false) has no build to judge
+    assert kt.guardrails(dict(good, cpu_vendor="GenuineIntel", build=False, cuda_version="")) == []
+    assert kt.guardrails(request(cpu_vendor="GenuineIntel")) == []
+
+
+def test_the_general_moe_methods_need_the_aocl_build_on_x86():
+    int8 = request(method="MOE_INT8", blas="aocl", cpu_vendor=AMD, blis_header=True, blis_library=True)
+    assert kt.guardrails(int8) == []
+    assert refused(kt.guardrails(dict(int8, blas="default")), "set ktransformers_build_blas: aocl")
+    assert refused(kt.guardrails(dict(int8, method="MOE_INT4")), "MOE_INT4 exists only in ARM builds")
+
+
+def test_the_proof_wants_the_aocl_kernel_when_asked():
+    good = {"variant": "avx512", "cuda": False, "versions": {"kt-kernel": "0.7.0"}, "moe_kernel": True}
+    expect = {"kt_version": "0.7.0", "cpu_instruct": "NATIVE", "cuda": False, "serve": False, "blas": "aocl"}
+    assert kt.proof_problems(good, expect) == []
+    assert any("Int8_KERNEL_MOE" in p for p in kt.proof_problems(dict(good, moe_kernel=False), expect))
+    assert kt.proof_problems(dict(good, moe_kernel=False), dict(expect, blas="default")) == []
+
+
+def test_the_proof_script_reports_the_moe_kernel():
+    with open(os.path.join(ROOT, "roles/ktransformers_build/vars/main.yml")) as handle:
+        script = yaml.safe_load(handle)["__ktransformers_build_proof_script"]
+    assert 'out["moe_kernel"]' in script and "Int8_KERNEL_MOE" in script
+
+
 def plan(key="k", serve=True, env=None):
     return kt.build_plan({"root": "/opt/hmk/engines/ktransformers", "key": key, "python": "python3",
                           "torch_spec": "torch==2.9.1", "torch_args": ["--index-url", "https://download.pytorch.org/whl/cu128"],
@@ -314,6 +374,77 @@ def test_the_command_needs_the_weights_the_model_and_the_method(missing):
 def test_no_key_on_the_command_line():
     with pytest.raises(svc.AnsibleFilterError, match="logs its whole ServerArgs"):
         argv(extra=["--api-key", "secret"])
+
+
+# --- sglang-kt's opt-in expert options (server_args.py of kvcache-ai/sglang 1e098a77, ktransformers' submodule from
+# 2026-07-10; the same in kt-kernel/README.md at the pin) ------------------------------------------------------------
+
+NEW_KT_FLAGS = ["--kt-gpu-prefill-token-threshold", "--kt-expert-placement-strategy",
+                "--kt-enable-dynamic-expert-update", "--kt-numa-nodes"]
+
+
+def test_the_expert_options_are_off_by_default():
+    with open(os.path.join(ROOT, "roles/inference_service/defaults/main.yml")) as handle:
+        service = yaml.safe_load(handle)
+    got = argv(gpu_prefill_token_threshold=service["inference_service_kt_gpu_prefill_token_threshold"],
+               expert_placement_strategy=service["inference_service_kt_expert_placement_strategy"],
+               enable_dynamic_expert_update=service["inference_service_kt_enable_dynamic_expert_update"],
+               numa_nodes=service["inference_service_kt_numa_nodes"])
+    assert got == argv()
+    assert not set(NEW_KT_FLAGS) & set(got)
+
+
+def test_each_expert_option_is_rendered_when_set():
+    got = argv(threadpool_count=2, gpu_prefill_token_threshold=4096, expert_placement_strategy="front-loading",
+               enable_dynamic_expert_update=True, numa_nodes=[0, 1])
+    assert got[got.index("--kt-gpu-prefill-token-threshold") + 1] == "4096"
+    assert got[got.index("--kt-expert-placement-strategy") + 1] == "front-loading"
+    assert "--kt-enable-dynamic-expert-update" in got
+    # nargs='+': the ids follow the flag as separate arguments, as many as there are thread pools
+    assert got[got.index("--kt-numa-nodes"):got.index("--kt-numa-nodes") + 3] == ["--kt-numa-nodes", "0", "1"]
+    assert argv(gpu_prefill_token_threshold="1024")[-3:-1] == ["--kt-gpu-prefill-token-threshold", "1024"]
+    assert "--kt-enable-dynamic-expert-update" not in argv(gpu_prefill_token_threshold=1024,
+                                                          enable_dynamic_expert_update="False")
+
+
+@pytest.mark.parametrize("opts,message", [
+    ({"gpu_prefill_token_threshold": -1}, "must be 0 \\(off\\) or a token count"),
+    ({"expert_placement_strategy": "hot"}, "'hot' is not one sglang-kt accepts"),
+    ({"enable_dynamic_expert_update": True}, "only --kt-gpu-prefill-token-threshold turns on"),
+    ({"numa_nodes": [0, 1]}, "lists 2 node\\(s\\) and --kt-threadpool-count is 1"),
+    ({"numa_nodes": [1, 1], "threadpool_count": 2}, "distinct NUMA node ids"),
+])
+def test_bad_expert_options_are_refused_by_name(opts, message):
+    with pytest.raises(svc.AnsibleFilterError, match=message):
+        argv(**opts)
+
+
+def test_the_build_proves_the_expert_options_and_the_service_checks_them():
+    llama = _load("llama_build_filters_kt", "plugins/filter/llama_build.py")
+    assert set(NEW_KT_FLAGS) <= set(SERVICE_FLAGS)
+    # A parser without them (an older sglang-kt) fails the build's proof, naming each.
+    old_help = "usage: launch_server.py [--model-path MODEL_PATH] [--kt-weight-path KT_WEIGHT_PATH]\n"
+    assert llama.missing_in_help(old_help, NEW_KT_FLAGS) == NEW_KT_FLAGS
+    new_help = old_help + ("  --kt-numa-nodes KT_NUMA_NODES [KT_NUMA_NODES ...]\n  --kt-gpu-prefill-token-threshold N\n"
+                           "  --kt-enable-dynamic-expert-update\n  --kt-expert-placement-strategy "
+                           "{frequency,front-loading,uniform,random}\n")
+    assert llama.missing_in_help(new_help, NEW_KT_FLAGS) == []
+    # A build recorded with the older list: the service refuses the option instead of passing it blind.
+    older = [f for f in SERVICE_FLAGS if f not in NEW_KT_FLAGS]
+    with pytest.raises(svc.AnsibleFilterError, match="does not list --kt-numa-nodes"):
+        argv(threadpool_count=2, numa_nodes=[0, 1], accepted=older)
+
+
+def test_the_role_passes_the_expert_options_to_the_argv_builder():
+    with open(os.path.join(ROOT, "roles/inference_service/tasks/plan.yml")) as handle:
+        tasks = yaml.safe_load(handle)
+    rendered = [t for t in tasks if "__inference_service_argv" in str(t.get("ansible.builtin.set_fact", {}))][0]
+    opts = rendered["vars"]["__inference_service_kt_opts"]
+    for key, var in (("gpu_prefill_token_threshold", "inference_service_kt_gpu_prefill_token_threshold"),
+                     ("expert_placement_strategy", "inference_service_kt_expert_placement_strategy"),
+                     ("enable_dynamic_expert_update", "inference_service_kt_enable_dynamic_expert_update"),
+                     ("numa_nodes", "inference_service_kt_numa_nodes")):
+        assert var in opts[key]
 
 
 def test_lab_twin_profile_declares_no_gpu():
