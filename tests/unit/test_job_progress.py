@@ -6,6 +6,7 @@ import os
 import re
 import shlex
 import subprocess
+import time
 
 import jinja2
 import pytest
@@ -212,6 +213,24 @@ def test_the_filter_keeps_every_log_line_and_writes_the_compilers_progress(tmp_p
         assert not (tmp_path / "b1.progress").exists()
     else:
         assert (tmp_path / "b1.progress").read_text() == progress
+
+
+def test_the_filter_writes_each_line_as_it_comes(tmp_path):
+    """The compiler prints a line now and then: the log and the progress file have it before more output follows."""
+    progress = tmp_path / "b1.progress"
+    log = tmp_path / "b1.log"
+    script = progress_filter(LLAMA) + 'progress_filter "$1" 1000000 >"$2"\n'
+    with subprocess.Popen(["bash", "-c", script, "filter", str(progress), str(log)], stdin=subprocess.PIPE) as proc:
+        proc.stdin.write(b"== build 2026-12-03T05:00:09Z\n[ 42%] Building CXX object ops.cpp.o\n")
+        proc.stdin.flush()
+        deadline = time.time() + 10
+        while time.time() < deadline and not (progress.exists() and progress.read_text().startswith("42%")):
+            time.sleep(0.05)
+        seen = progress.read_text() if progress.exists() else ""
+        logged = log.read_text()
+        proc.stdin.close()
+    assert seen == "42% started=1000000\n"
+    assert logged.endswith("[ 42%] Building CXX object ops.cpp.o\n")
 
 
 def render(template, variables):
