@@ -70,8 +70,6 @@ def describe_progress(text, now=None, log=None):
 
 class ActionModule(ActionBase):
 
-    _requires_connection = True
-
     def _get_async_dir(self):
         # Where async_status's own action looks: the shell's async_dir.
         async_dir = self.get_shell_option("async_dir", default="~/.ansible_async")
