@@ -403,8 +403,8 @@ def test_each_expert_option_is_rendered_when_set():
     # nargs='+': the ids follow the flag as separate arguments, as many as there are thread pools
     assert got[got.index("--kt-numa-nodes"):got.index("--kt-numa-nodes") + 3] == ["--kt-numa-nodes", "0", "1"]
     assert argv(gpu_prefill_token_threshold="1024")[-3:-1] == ["--kt-gpu-prefill-token-threshold", "1024"]
-    assert "--kt-enable-dynamic-expert-update" not in argv(gpu_prefill_token_threshold=1024,
-                                                          enable_dynamic_expert_update="False")
+    off = argv(gpu_prefill_token_threshold=1024, enable_dynamic_expert_update="False")
+    assert "--kt-enable-dynamic-expert-update" not in off
 
 
 @pytest.mark.parametrize("opts,message", [
