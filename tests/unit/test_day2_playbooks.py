@@ -121,7 +121,7 @@ def _tune_play():
 def test_every_day2_playbook_starts_each_batch_with_the_fleet_guard():
     for play in (_play("upgrade.yml"), _play("model_swap.yml"), _tune_play()):
         tasks = play["tasks"]
-        if tasks[0]["ansible.builtin.include_role"].get("tasks_from") == "validate":
+        if tasks[0]["ansible.builtin.include_role"].get("tasks_from") == "decide":
             # tune.yml checks its inputs first, so a bad value changes nothing (molecule/hardening replays them).
             assert tasks[0]["ansible.builtin.include_role"]["name"] == "hmk.moe_kit.tune"
             tasks = tasks[1:]
@@ -134,8 +134,17 @@ def test_tune_is_rolling_drains_first_and_restores_on_both_paths():
     _rolling(play, "tune_serial")
     # The node heals itself and leaves the gateways before the search stops its service.
     assert [(r, f) for r, f, _unused in _includes(play["tasks"], gateway=True, heal=True)][:4] == [
-        ("tune", "validate"), ("inference_service", "fleet_guard"), ("inference_service", "heal_arm"),
+        ("tune", "decide"), ("inference_service", "fleet_guard"), ("inference_service", "heal_arm"),
         ("gateway", "drain.yml")]
+    # A node whose build, model and objective were tuned already is neither armed nor drained (nor restored): a re-run
+    # that searches nothing changes nothing (molecule/tune_monitoring's idempotence).
+    by_step = {(t["ansible.builtin.include_role"]["name"], t["ansible.builtin.include_role"].get("tasks_from")): t
+               for t in play["tasks"] if "ansible.builtin.include_role" in t}
+    for step in (("hmk.moe_kit.inference_service", "heal_arm"), ("hmk.moe_kit.gateway", "drain.yml")):
+        assert by_step[step].get("when") == "tune_searched | bool", step
+    for path in ("block", "rescue"):
+        restores = [t for t in _block(play)[path] if t.get("ansible.builtin.include_role", {}).get("tasks_from") == "restore.yml"]
+        assert restores and all("tune_searched" in t.get("when", "") for t in restores), path
     block = _block(play)
     assert [(r, f) for r, f, _unused in _includes(block["block"], gateway=True)] == [
         ("tune", None), ("tune", "apply"), ("inference_service", None), ("gateway", "restore.yml")]
