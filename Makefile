@@ -12,7 +12,7 @@ DEB_PACKAGES := qemu-system-x86 qemu-utils debootstrap grub-pc-bin grub2-common 
 LAB_ARGS ?=
 LAB_KIND ?= container
 
-.PHONY: help deps venv image lab lab-down lint syntax unit sanity integration collection ee cuda-sample molecule kt-native test test-quick test-slow bench fleet-bench clean \
+.PHONY: help deps venv image lab lab-down lint syntax unit pins sanity integration collection ee cuda-sample molecule kt-native test test-quick test-slow bench fleet-bench clean \
 	gpu-bundle gpu-acceptance
 
 help:
@@ -23,6 +23,7 @@ help:
 	@echo "make test-slow   what does not fit in CI's time: kt-kernel built for this machine's NATIVE class"
 	@echo "make bench       the test bed's costs (image, boot, reboot, container, scenarios)"
 	@echo "make gpu-bundle  stage what tests/gpu/acceptance.sh needs on a GPU machine without internet"
+	@echo "make pins        check an engine pin bump: ENGINE=ik_llama.cpp FROM=<tree|tarball|gitdir@rev> TO=<...>"
 	@echo "make sanity      ansible-test sanity (every test but pslint) on the collection, ignores in tests/sanity/"
 	@echo "make collection  build the hmk.moe_kit tarball, install it apart, syntax-check every playbook by FQCN"
 	@echo "make ee          the execution environment's build context (ansible-builder create) in .cache/ee/context"
@@ -72,6 +73,15 @@ syntax: venv
 
 unit: venv
 	python -m pytest -q tests/unit
+
+# An engine pin bump, checked before the pin moves (README "Bumping an engine pin"): the engine's parser and
+# build options at FROM and TO against llama_build_engine_flags; fails naming each rendered flag that changed.
+ENGINE ?= ik_llama.cpp
+FROM ?= $(HMK_CACHE)/fixtures/ik_llama.cpp.git@main
+TO ?=
+pins: venv
+	@test -n "$(TO)" || { echo "make pins: set TO=<source tree, tarball or gitdir@rev> (and FROM, ENGINE)"; exit 2; }
+	scripts/pins --engine $(ENGINE) $(FROM) $(TO)
 
 # ansible-test sanity as Galaxy's checkers run it, with the pinned ansible-core (scripts/sanity: the
 # ansible_collections/hmk/moe_kit layout in .cache/sanity, a get-pip stand-in where ansible-test's host is unreachable).
