@@ -14,24 +14,24 @@ description:
     Runs M(ansible.builtin.async_status) for O(jid) on the node and returns its result unchanged, so
     C(until: result.finished) and a failed job (its rc, stdout and stderr) behave exactly as with async_status.
   - >-
-    While the job runs, also reads the small progress file O(progress) the job keeps on the node (missing or empty is
-    not an error) and returns RV(hmk_progress), such as C(312/1024 objects compiled) with the percentage and the time elapsed.
+    While the job runs, also reads the first line and the last 80 lines of the job's log O(log) on the node (missing
+    or empty is not an error) and returns RV(hmk_progress), such as C(312/1024 objects compiled) with the percentage
+    and the time elapsed.
   - A module cannot print while it runs; the stdout callback C(hmk.moe_kit.hmk_progress) prints RV(hmk_progress) at
     each retry in place of Ansible's C(FAILED - RETRYING) line.
-  - The progress file holds one line of space-separated words, C(N/M) (ninja's count), C(NN%) (make's percentage),
-    C(step=i/n), C(started=EPOCH) (the node's clock when the job began) and C(configuring) or C(compiling); the
-    elapsed time therefore assumes the node's clock agrees with the control machine's and is left out when it does
-    not plausibly.
+  - >-
+    What is read from the log: the compiler's own count, C([N/M]) (ninja) or C([ NN%]) (make), the kit's build
+    scripts' markers C(== configure <stamp>), C(== build <stamp>) and C(== <stamp> step i/n:) (a step starts a new
+    count), and the UTC stamp on the first line as the start; the elapsed time therefore assumes the node's clock
+    agrees with the control machine's and is left out when it does not plausibly.
 options:
   jid:
     description: "The job id, C(ansible_job_id) of the task started with C(async) and C(poll: 0)."
     type: str
     required: true
-  progress:
-    description: The progress file on the node. Without it RV(hmk_progress) says C(no progress yet).
-    type: str
   log:
-    description: The job's log on the node, named in RV(hmk_progress) while the progress file has nothing yet.
+    description: The job's log on the node, which the job writes as it goes. Without it RV(hmk_progress) says
+      C(no progress yet); while it cannot be read yet, RV(hmk_progress) names it.
     type: str
 notes:
   - Supports check mode as async_status does; a job cannot be started in check mode, so such tasks usually skip it.
@@ -52,7 +52,6 @@ EXAMPLES = r"""
 - name: The compiler builds b1, checked every 15 s
   hmk.moe_kit.hmk_job_progress:
     jid: "{{ build_job.ansible_job_id }}"
-    progress: /opt/hmk/engines/llama.cpp/staging/b1.progress
     log: /opt/hmk/engines/llama.cpp/logs/b1.log
   register: build_run
   until: build_run.finished

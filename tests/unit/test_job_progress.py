@@ -1,7 +1,7 @@
-"""Progress that looks like progress (issue 29 item 4): the build scripts keep the compiler's own count in a progress
-file, hmk_job_progress returns it with async_status's result, and the hmk_progress stdout callback prints it at each
-retry instead of FAILED - RETRYING, every other line being the default callback's."""
-import base64
+"""Progress that looks like progress (issue 29 item 4): the build scripts write the compiler's output straight to their
+log, hmk_job_progress returns the compiler's own count read from the log's end with async_status's result, and the
+hmk_progress stdout callback prints it at each retry instead of FAILED - RETRYING, every other line being the default
+callback's."""
 import os
 import re
 import shlex
@@ -88,7 +88,12 @@ def action(responses, args):
         plugin.calls.append((module_name, dict(module_args)))
         return dict(responses[module_name])
 
+    def low_level(cmd, sudoable=True, **kwargs):
+        plugin.calls.append(("command", cmd))
+        return dict(responses["command"])
+
     plugin._execute_module = execute
+    plugin._low_level_execute_command = low_level
     plugin.get_shell_option = lambda option, default=None: default
     plugin._remote_expand_user = lambda path: path.replace("~", "/root")
     return plugin
@@ -101,33 +106,34 @@ def base_run(monkeypatch):
     monkeypatch.setattr(hmk_job_progress.time, "time", lambda: 1000250.0)
 
 
-ARGS = {"jid": "j1.2", "progress": "/opt/b1.progress", "log": "/opt/b1.log"}
+ARGS = {"jid": "j1.2", "log": "/opt/b 1.log"}
 RUNNING = {"started": 1, "finished": 0, "ansible_job_id": "j1.2"}
+MARK = hmk_job_progress._TAIL_MARK
 
 
-def test_a_running_job_returns_async_status_and_the_progress_line(base_run):
-    content = base64.b64encode(b"312/1024 started=1000000\n").decode()
-    plugin = action({"ansible.builtin.async_status": RUNNING,
-                     "ansible.builtin.slurp": {"content": content, "encoding": "base64"}}, ARGS)
+def test_a_running_job_returns_async_status_and_the_progress_from_its_log(base_run):
+    log = "== configure 1970-01-12T13:46:40Z\n%s\n== build 1970-01-12T13:46:49Z\n[312/1024] Building CXX ops.o\n" % MARK
+    plugin = action({"ansible.builtin.async_status": RUNNING, "command": {"rc": 0, "stdout": log}}, ARGS)
     result = plugin.run(task_vars={})
     assert result["finished"] is False and result["started"] is True
     assert result["ansible_job_id"] == "j1.2" and result["results_file"] == "/root/.ansible_async/j1.2"
     assert result["hmk_progress"] == "312/1024 objects compiled (30%), 4m10s elapsed"
+    # The log's path is quoted for the node's shell; the log itself is only read.
     assert plugin.calls == [
         ("ansible.builtin.async_status", {"jid": "j1.2", "mode": "status", "_async_dir": "/root/.ansible_async"}),
-        ("ansible.builtin.slurp", {"src": "/opt/b1.progress"}),
+        ("command", "head -n 1 -- '/opt/b 1.log' && echo %s && tail -n 80 -- '/opt/b 1.log'" % MARK),
     ]
 
 
-def test_a_missing_progress_file_is_no_error(base_run):
+def test_a_missing_log_is_no_error(base_run):
     plugin = action({"ansible.builtin.async_status": RUNNING,
-                     "ansible.builtin.slurp": {"failed": True, "msg": "file not found: /opt/b1.progress"}}, ARGS)
+                     "command": {"rc": 1, "stdout": "", "stderr": "head: cannot open '/opt/b 1.log'"}}, ARGS)
     result = plugin.run(task_vars={})
     assert not result.get("failed")
-    assert result["hmk_progress"] == "no progress yet, log: /opt/b1.log"
+    assert result["hmk_progress"] == "no progress yet, log: /opt/b 1.log"
 
 
-def test_a_failed_job_fails_as_with_async_status_and_reads_no_progress(base_run):
+def test_a_failed_job_fails_as_with_async_status_and_reads_no_log(base_run):
     failed = {"started": 1, "finished": 1, "failed": True, "rc": 2, "msg": "non-zero return code",
               "stderr": "build of b1 failed (rc=2), log: /opt/b1.log", "stdout": "", "ansible_job_id": "j1.2"}
     plugin = action({"ansible.builtin.async_status": failed}, ARGS)
@@ -145,92 +151,61 @@ def test_a_finished_job_returns_its_output_without_progress(base_run):
     assert "hmk_progress" not in result
 
 
-@pytest.mark.parametrize("text, line", [
-    ("312/1024 started=1000000", "312/1024 objects compiled (30%), 4m10s elapsed"),
-    ("42% started=1000000", "42% compiled, 4m10s elapsed"),
-    ("configuring started=1000240", "configuring, 10s elapsed"),
-    ("step=3/5 started=996000", "step 3/5, 1h10m elapsed"),
-    ("step=5/5 17/80 started=1000000", "step 5/5, 17/80 objects compiled (21%), 4m10s elapsed"),
-    # A node clock ahead of the controller's, or far behind it: no elapsed time rather than a wrong one.
-    ("100/200 started=1000300", "100/200 objects compiled (50%)"),
-    ("100/200 started=5", "100/200 objects compiled (50%)"),
-    ("", "no progress yet"),
-    ("future-word 7/0", "no progress yet"),
-])
-def test_progress_lines_are_described(text, line):
-    assert hmk_job_progress.describe_progress(text, now=1000250) == line
+# 1000000 s after the epoch is 1970-01-12T13:46:40Z; "now" is 250 s later.
+START = "1970-01-12T13:46:40Z"
 
-
-# --- the build scripts' progress file -----------------------------------------------------------------------------
-
-def progress_filter(template):
-    text = open(template).read()
-    return re.search(r"^progress_filter\(\) \{\n.*?^\}\n", text, re.S | re.M).group(0)
-
-
-def test_both_build_scripts_carry_the_same_filter():
-    assert progress_filter(LLAMA) == progress_filter(KT)
-
-
-MAKE_LOG = """== configure 2026-12-03T05:00:00Z
+MAKE_LOG = """== configure 1970-01-12T13:46:40Z
 -- The C compiler identification is GNU 12.2.0
 -- Build files have been written to: /opt/hmk/engines/llama.cpp/staging/b1
-== build 2026-12-03T05:00:09Z
+== build 1970-01-12T13:46:49Z
 [  1%] Building C object ggml/src/CMakeFiles/ggml-base.dir/ggml.c.o
 [  2%] Building CXX object ggml/src/CMakeFiles/ggml-base.dir/ggml.cpp.o
-/opt/src/ggml/src/ggml.c:12:5: warning: unused variable 'x' [-Wunused-variable]
+/opt/src/ggml/src/ggml.c:12:5: warning: unused variable ‘x’ [-Wunused-variable]
 [ 31%] Building CUDA object ggml/src/ggml-cuda/CMakeFiles/ggml-cuda.dir/fattn.cu.o
+   12 |     int x;
+      |         ^
 """
 
-NINJA_LOG = """== configure 2026-12-03T05:00:00Z
-== build 2026-12-03T05:00:09Z
+NINJA_LOG = """== configure 1970-01-12T13:46:40Z
+== build 1970-01-12T13:46:49Z
 [1/1024] Building C object ggml/src/CMakeFiles/ggml-base.dir/ggml.c.o
 [312/1024] Building CXX object ggml/src/CMakeFiles/ggml-cpu.dir/ops.cpp.o
 """
 
-KT_LOG = """== 2026-12-03T05:00:00Z step 4/5: /opt/kt/venv/bin/pip install ...
+KT_LOG = """== 1970-01-12T13:46:40Z step 4/5: /opt/kt/venv/bin/pip install ...
   Building wheel for kt-kernel (pyproject.toml): started
   [ 12/80] not a ninja line
   [17/80] Building CXX object CMakeFiles/kt_kernel_ext.dir/ext_bindings.cpp.o
-== 2026-12-03T05:09:00Z step 5/5: /opt/kt/venv/bin/python -c ...
+== 1970-01-12T13:48:00Z step 5/5: /opt/kt/venv/bin/python -c ...
 """
 
 
-@pytest.mark.parametrize("log, progress", [
-    (MAKE_LOG, "31% started=1000000\n"),
-    (NINJA_LOG, "312/1024 started=1000000\n"),
-    (KT_LOG, "step=5/5 started=1000000\n"),
-    (KT_LOG.rsplit("== ", 1)[0], "step=4/5 17/80 started=1000000\n"),
-    (MAKE_LOG.split("== build", maxsplit=1)[0], "configuring started=1000000\n"),
-    ("no progress at all\n", None),
+@pytest.mark.parametrize("log, line", [
+    (MAKE_LOG, "31% compiled, 4m10s elapsed"),
+    (NINJA_LOG, "312/1024 objects compiled (30%), 4m10s elapsed"),
+    # A step marker starts a new count.
+    (KT_LOG, "step 5/5, 4m10s elapsed"),
+    (KT_LOG.rsplit("== ", 1)[0], "step 4/5, 17/80 objects compiled (21%), 4m10s elapsed"),
+    (MAKE_LOG.split("== build", maxsplit=1)[0], "configuring, 4m10s elapsed"),
+    (MAKE_LOG.split("[  1%]", maxsplit=1)[0], "compiling, 4m10s elapsed"),
+    ("no progress at all\n", "no progress yet"),
+    ("", "no progress yet"),
+    # A node clock ahead of the controller's, or far behind it: no elapsed time rather than a wrong one.
+    (NINJA_LOG.replace(START, "1970-01-12T13:51:40Z"), "312/1024 objects compiled (30%)"),
+    (NINJA_LOG.replace(START, "1970-01-01T00:00:05Z"), "312/1024 objects compiled (30%)"),
+    ("[7/0] odd\n", "no progress yet"),
 ])
-def test_the_filter_keeps_every_log_line_and_writes_the_compilers_progress(tmp_path, log, progress):
-    script = progress_filter(LLAMA) + 'progress_filter "$1" 1000000\n'
-    out = subprocess.run(["bash", "-c", script, "filter", str(tmp_path / "b1.progress")], input=log.encode(),
-                         stdout=subprocess.PIPE, check=True)
-    assert out.stdout.decode() == log
-    if progress is None:
-        assert not (tmp_path / "b1.progress").exists()
-    else:
-        assert (tmp_path / "b1.progress").read_text() == progress
+def test_logs_are_described(log, line):
+    first = log.split("\n", 1)[0]
+    # The tail is the log's last 80 lines: the first line may or may not be in it.
+    assert hmk_job_progress.describe_progress(first, log, now=1000250) == line
+    assert hmk_job_progress.describe_progress(first, "\n".join(log.splitlines()[1:]), now=1000250) == line
 
 
-def test_the_filter_writes_each_line_as_it_comes(tmp_path):
-    """The compiler prints a line now and then: the log and the progress file have it before more output follows."""
-    progress = tmp_path / "b1.progress"
-    log = tmp_path / "b1.log"
-    script = progress_filter(LLAMA) + 'progress_filter "$1" 1000000 >"$2"\n'
-    with subprocess.Popen(["bash", "-c", script, "filter", str(progress), str(log)], stdin=subprocess.PIPE) as proc:
-        proc.stdin.write(b"== build 2026-12-03T05:00:09Z\n[ 42%] Building CXX object ops.cpp.o\n")
-        proc.stdin.flush()
-        deadline = time.time() + 10
-        while time.time() < deadline and not (progress.exists() and progress.read_text().startswith("42%")):
-            time.sleep(0.05)
-        seen = progress.read_text() if progress.exists() else ""
-        logged = log.read_text()
-        proc.stdin.close()
-    assert seen == "42% started=1000000\n"
-    assert logged.endswith("[ 42%] Building CXX object ops.cpp.o\n")
+def test_a_long_log_is_judged_on_its_last_lines_only():
+    """A compiler that prints many warnings: the count is the last one in the tail, the start still from line one."""
+    tail = "\n".join(["[ 40%%] Building CXX object o%d.o" % i if i % 20 == 0 else "warning %d" % i for i in range(80)])
+    assert hmk_job_progress.describe_progress("== configure %s" % START, tail, now=1000250) == "40% compiled, 4m10s elapsed"
 
 
 def render(template, variables):
@@ -259,7 +234,7 @@ def fake_tools(tmp_path):
 
 
 @pytest.mark.parametrize("rc", [0, 2])
-def test_the_llama_build_script_logs_everything_and_leaves_the_progress(tmp_path, fake_tools, rc):
+def test_the_llama_build_script_writes_everything_to_its_log(tmp_path, fake_tools, rc):
     root = tmp_path / "engine"
     for sub in ("staging", "logs", "src"):
         (root / sub).mkdir(parents=True)
@@ -277,7 +252,8 @@ def test_the_llama_build_script_logs_everything_and_leaves_the_progress(tmp_path
     assert log[0].startswith("== configure ") and log[1] == "-- Configuring done" and log[2].startswith("== build ")
     assert log[3:] == ["[ 10%] Building CXX object o10.o", "[ 55%] Building CXX object o55.o",
                        "[100%] Building CXX object o100.o", "error: boom"]
-    assert re.fullmatch(r"100% started=\d+\n", (root / "staging" / "b1.progress").read_text())
+    # What the poll reads from it.
+    assert hmk_job_progress.describe_progress(log[0], "\n".join(log[-80:])).startswith("100% compiled")
     if rc:
         assert "build of b1 failed (rc=2)" in run.stderr.decode()
     else:
@@ -303,11 +279,12 @@ def test_the_ktransformers_build_script_logs_every_step_and_reports_a_failed_one
     assert run.returncode == rc
     log = (root / "logs" / "k1.log").read_text()
     assert "step 2/4: cmake --build ." in log and "[ 55%] Building CXX object o55.o\n" in log
-    progress = (root / "logs" / "k1.progress").read_text()
+    lines = log.splitlines()
+    progress = hmk_job_progress.describe_progress(lines[0], "\n".join(lines[-80:]))
     if rc:
         assert "not reached on failure" not in log
-        assert re.fullmatch(r"step=3/4 started=\d+\n", progress)
+        assert progress.startswith("step 3/4, ")
         assert "build of k1 failed (rc=3)" in run.stderr.decode()
     else:
         assert log.endswith("not reached on failure\n")
-        assert re.fullmatch(r"step=4/4 started=\d+\n", progress)
+        assert progress.startswith("step 4/4, ")
