@@ -71,7 +71,7 @@ VENDORS = {
         "sources": ("weka-defaults-db#Dell PowerEdge R6615", "weka-defaults-db#Dell PowerEdge R670",
                     "weka-defaults-db#WEKApod - R6615", "weka-bios-settings#Dell"),
         "checks": {
-            "numa_nodes_per_socket": {"attribute": "NumaNodesPerSocket", "values": {"1": "1", "2": "2"}},
+            "numa_nodes_per_socket": {"attribute": "NumaNodesPerSocket", "values": {"1": "1"}},
             "smt_disabled": {"attribute": "LogicalProc", "values": {"Enabled": "on", "Disabled": "off"}},
             "pcie_aspm_policy": {"attribute": "PcieAspmL1", "values": _ENABLED},
             "pcie_acs": {"unknown": "no ACS attribute in the PowerEdge R6615 or R670 BIOS attributes"},
@@ -79,7 +79,7 @@ VENDORS = {
             "resizable_bar": {"attribute": "PcieResizableBar", "values": {"Enabled": "enabled"}},
             "power_determinism": {"attribute": "DeterminismSlider",
                                   "values": {"PerfDeterminism": "performance", "PowerDeterminism": "power"}},
-            "iommu": {"attribute": "IommuSupport", "values": {"Enabled": "enabled"}},
+            "iommu": {"attribute": "IommuSupport", "values": _ENABLED},
         },
     },
     "hpe": {
@@ -107,10 +107,10 @@ VENDORS = {
     "lenovo": {
         "name": "Lenovo (XClarity)",
         "manufacturers": ("lenovo",),
-        "sources": ("weka-defaults-db#Lenovo ThinkSystem SR635 V3",),
+        "sources": ("weka-defaults-db#Lenovo ThinkSystem SR635 V3", "weka-bios-settings#Lenovo"),
         "checks": {
             "numa_nodes_per_socket": {"attribute": "Memory_NUMANodesperSocket", "values": {"NPS1": "1"}},
-            "smt_disabled": {"attribute": "Processors_SMTMode", "values": {"Enabled": "on"}},
+            "smt_disabled": {"attribute": "Processors_SMTMode", "values": {"Enabled": "on", "Disabled": "off"}},
             "pcie_aspm_policy": {"unknown": "no ASPM attribute in the ThinkSystem SR635 V3 BIOS attributes"},
             "pcie_acs": {"unknown": "no ACS attribute in the ThinkSystem SR635 V3 BIOS attributes"},
             "above_4g_decoding": {"attribute": "DevicesandIOPorts_PCI64BitResourceAllocation",
@@ -126,14 +126,14 @@ VENDORS = {
         "sources": ("weka-defaults-db#Supermicro AS -1115CS-TNR", "weka-bios-settings#Supermicro"),
         "checks": {
             "numa_nodes_per_socket": {"pattern": r"^NUMANodesPerSocket(_[0-9A-F]{4})?$",
-                                      "values": {"NPS4": "4", "Auto": "auto"}},
-            "smt_disabled": {"pattern": r"^SMTControl(_[0-9A-F]{4})?$", "values": {"Disabled": "off", "Auto": "auto"}},
+                                      "values": {"NPS1": "1", "NPS4": "4"}},
+            "smt_disabled": {"pattern": r"^SMTControl(_[0-9A-F]{4})?$", "values": {"Disabled": "off"}},
             "pcie_aspm_policy": {"pattern": r"^ASPMSupport(_[0-9A-F]{4})?$", "values": {"Disabled": "disabled"}},
             "pcie_acs": {"pattern": r"^ACSEnable(_[0-9A-F]{4})?$", "values": {"Auto": "auto"}},
             "above_4g_decoding": {"pattern": r"^Above4GDecoding(_[0-9A-F]{4})?$", "values": {"Enabled": "enabled"}},
             "resizable_bar": {"pattern": r"^Re_SizeBARSupport(_[0-9A-F]{4})?$", "values": {"Disabled": "disabled"}},
             "power_determinism": {"unknown": "the H13 BIOS shows DeterminismControl (Auto/Manual) but no slider"},
-            "iommu": {"pattern": r"^IOMMU(_[0-9A-F]{4})?$", "values": {"Auto": "auto", "Disabled": "disabled"}},
+            "iommu": {"pattern": r"^IOMMU(_[0-9A-F]{4})?$", "values": {"Enabled": "enabled", "Auto": "auto"}},
         },
     },
 }
@@ -310,11 +310,11 @@ def applied(power_state, attributes, changes):
 def cause(message):
     """What a failed Redfish call means for the operator, from the module's message (which names no secret)."""
     text = str(message or "")
+    if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text:
+        return ("the BMC's TLS certificate is not trusted (install a signed one, or bmc_validate_certs: false "
+                "on a closed network): " + text)
     if "HTTP Error 401" in text or "HTTP Error 403" in text:
         return "the BMC refused the credentials (check bmc_username/bmc_password in the vault): " + text
     if "URL Error" in text or "Connection refused" in text or "timed out" in text or "No route" in text:
         return "the BMC is unreachable (check bmc_address, the network and that Redfish is on): " + text
-    if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text:
-        return ("the BMC's TLS certificate is not trusted (install a signed one, or bmc_validate_certs: false "
-                "on a closed network): " + text)
     return "the BMC answered with an error: " + text
