@@ -198,6 +198,20 @@ def test_an_include_only_hub_entry_is_a_complete_catalog_entry():
     assert hmk_model_sync.validate_catalog(bare, ["m"], require_hashes=False) == ["model 'm' lists no files"]
 
 
+def test_ktransformers_serves_the_catalog_models_that_say_so_and_refuses_the_others():
+    kt = _load("ktransformers_build_filters", REPO / "plugins" / "filter" / "ktransformers_build.py")
+    # config.json model_type of each base model, as KTransformers' guardrail reads it
+    model_types = {"kimi-k2-thinking-q4_x": "kimi_k2", "qwen3-coder-480b-a35b-ud-q4_k_xl": "qwen3_moe",
+                   "deepseek-v3.1-ud-q2_k_xl": "deepseek_v3", "glm-4.6-ud-q3_k_xl": "glm4_moe",
+                   "gpt-oss-120b-mxfp4": "gpt_oss", "minimax-m2-ud-q4_k_xl": "minimax_m2"}
+    for model, model_type in model_types.items():
+        served = CATALOG[model]["engines"]["ktransformers"]
+        family = kt.arch_family(model_type)
+        assert bool(family) == (served == "LLAMAFILE"), model
+        if family:
+            assert kt.arch_family(CATALOG[model]["gguf"]["architecture"]) == family
+
+
 def test_readme_catalog_table_matches_the_plans():
     r = subprocess.run([sys.executable, str(REPO / "scripts" / "gen-catalog-table"), "--check"],
                        capture_output=True, text=True, check=False)
