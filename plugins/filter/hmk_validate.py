@@ -9,6 +9,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_engine_arch import catalog_arch_problems
 from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_model_sync import validate_catalog
 from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_validate import (
     check_all, check_profile, guard_filters, loopback_address, proc_sys_path, sysctl_key_refusals)
@@ -37,6 +38,13 @@ def hmk_validate_catalog(catalog, selected):
             validate_catalog(catalog or {}, [m for m in selected or [] if m in (catalog or {})], require_hashes=False)]
 
 
+def hmk_engine_arch_problems(catalog, selected, engine, commit):
+    """Refusals for the selected catalog models whose GGUF architecture the pinned engine commit cannot load (checked
+    before any download; a commit the kit has not read is not judged)."""
+    return ["model_sync_catalog: " + problem for problem in
+            catalog_arch_problems(catalog or {}, [m for m in selected or [] if m in (catalog or {})], engine, commit)]
+
+
 def hmk_proc_sys_path(key):
     """The /proc/sys path of a sysctl key, as sysctl(8) reads it."""
     return proc_sys_path(str(key))
@@ -58,6 +66,7 @@ def hmk_is_loopback(host):
 class FilterModule(object):
     def filters(self):
         return guard_filters({"hmk_validate": hmk_validate, "hmk_validate_profile": hmk_validate_profile,
-                              "hmk_validate_catalog": hmk_validate_catalog, "hmk_is_loopback": hmk_is_loopback,
+                              "hmk_validate_catalog": hmk_validate_catalog,
+                              "hmk_engine_arch_problems": hmk_engine_arch_problems, "hmk_is_loopback": hmk_is_loopback,
                               "hmk_proc_sys_path": hmk_proc_sys_path,
                               "hmk_validate_sysctl_keys": hmk_validate_sysctl_keys}, AnsibleFilterError)

@@ -568,6 +568,30 @@ def placement_plan(layout, vram, kv_bytes, compute_reserve=3 * GIB, overhead=GIB
     return plan
 
 
+# Host RAM the engine keeps besides the model's CPU-side weights: ik_llama.cpp's host prompt cache (-cram, 8192 MiB by
+# default at the pin) plus the CPU compute buffers and the OS; a plan that leaves less than this is called a miss.
+HOST_RESERVE = 16 * GIB
+
+
+def memory_plan(layout, plan, ram_bytes, host_reserve=HOST_RESERVE):
+    """Whether a placement plan fits a node: every GPU's expected bytes inside its VRAM, and the weights the plan
+    leaves on the CPU side (the whole file less what the GPUs hold; mmap keeps them in the page cache) plus
+    host_reserve inside ram_bytes."""
+    total = int(layout.get("total_bytes") or 0)
+    on_gpu = sum(int(g["weights_bytes"]) for g in plan["gpus"])
+    ram_weights = max(total - on_gpu, 0)
+    need = ram_weights + int(host_reserve)
+    vram_ok = all(g["expected_bytes"] <= g["vram_bytes"] for g in plan["gpus"])
+    out = {
+        "model_bytes": total, "gpu_weight_bytes": on_gpu, "ram_weight_bytes": ram_weights,
+        "ram_needed_bytes": need, "ram_bytes": int(ram_bytes), "fits_ram": need <= int(ram_bytes),
+        "vram_needed_bytes": [int(g["expected_bytes"]) for g in plan["gpus"]],
+        "vram_bytes": [int(g["vram_bytes"]) for g in plan["gpus"]], "fits_vram": vram_ok,
+    }
+    out["fits"] = out["fits_ram"] and out["fits_vram"]
+    return out
+
+
 def ot_rules(plan):
     """-ot rules in first-match-wins order: each GPU's layers, then the catch-all `exps=CPU`."""
     rules = []
@@ -714,6 +738,7 @@ class FilterModule(object):
             "inference_service_kv_bytes": kv_cache_bytes,
             "inference_service_gpu_vram": gpu_vram_bytes,
             "inference_service_plan": placement_plan,
+            "inference_service_memory_plan": memory_plan,
             "inference_service_split_model": split_model,
             "inference_service_placement_proof": placement_proof,
             "inference_service_systemctl_show": systemctl_show,

@@ -43,9 +43,12 @@ CONVERTED_METHODS = ("AMXINT4", "AMXINT8")
 # sglang-kt's FlashAttention-3 backend ships kernels for these compute capabilities only.
 FA3_ARCHS = ("80", "86", "90")
 # Model architectures by the names the three sources use: GGUF general.architecture, HF config.json
-# model_type, and the catalog's gguf.architecture. KTransformers serves these families.
+# model_type, and the catalog's gguf.architecture. KTransformers serves these families. Kimi-K2's config.json says
+# kimi_k2 over DeepSeek-V3's shapes (its GGUF says deepseek2); kt-kernel's model registry at the pin
+# (kt-kernel/python/cli/utils/model_registry.py, 95009ea6) lists Kimi-K2-Thinking.
 ARCH_FAMILY = {
     "deepseek2": "deepseek", "deepseek_v2": "deepseek", "deepseek_v3": "deepseek", "deepseek3": "deepseek",
+    "kimi_k2": "deepseek",
     "qwen3moe": "qwen3moe", "qwen3_moe": "qwen3moe",
 }
 GB = 1000 ** 3
@@ -223,7 +226,7 @@ def guardrails(request):
     family = arch_family(request.get("model_arch"))
     if not family:
         reasons.append("the served model's architecture %r (config.json model_type or GGUF header) is not one the "
-                       "kit serves with KTransformers (DeepSeek-V3/R1, Qwen3-MoE)" % (request.get("model_arch"),))
+                       "kit serves with KTransformers (DeepSeek-V3/R1, Kimi-K2, Qwen3-MoE)" % (request.get("model_arch"),))
     gguf_family = arch_family(request.get("model_arch_gguf"))
     if request.get("model_arch_gguf") and family and gguf_family != family:
         reasons.append("the model's config.json says %s and its GGUF weights say %s: --model and --kt-weight-path are "

@@ -130,7 +130,8 @@ def validate_catalog(catalog, selected, require_hashes=True):
             problems.append("model %r is not in the catalog (known: %s)" % (model, ", ".join(sorted(catalog))))
             continue
         files = entry.get("files") or []
-        if not files:
+        # A Hub entry may name its split set by huggingface.include alone: the lock lists and counts the files.
+        if not files and not (entry.get("huggingface") or {}).get("include"):
             problems.append("model %r lists no files" % model)
         gguf_files = [f for f in files if str(f.get("name", "")).endswith(".gguf")]
         split_count = (entry.get("gguf") or {}).get("split_count")

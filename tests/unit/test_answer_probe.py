@@ -198,7 +198,7 @@ def words(text):
     return len(text.split())
 
 
-@pytest.mark.parametrize("family", ["deepseek", "qwen3"])
+@pytest.mark.parametrize("family", ["deepseek", "qwen3", "glm", "gpt-oss", "minimax"])
 def test_each_family_has_three_to_five_probes_of_16_tokens_or_more_and_one_of_64_or_more(family):
     fam = PROBES["families"][family]
     probes = fam["probes"]
