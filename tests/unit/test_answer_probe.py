@@ -198,7 +198,7 @@ def words(text):
     return len(text.split())
 
 
-@pytest.mark.parametrize("family", ["deepseek", "qwen3", "glm", "gpt-oss", "minimax"])
+@pytest.mark.parametrize("family", ["deepseek", "qwen3", "glm", "gpt-oss", "minimax", "gemma3"])
 def test_each_family_has_three_to_five_probes_of_16_tokens_or_more_and_one_of_64_or_more(family):
     fam = PROBES["families"][family]
     probes = fam["probes"]
@@ -209,7 +209,8 @@ def test_each_family_has_three_to_five_probes_of_16_tokens_or_more_and_one_of_64
     assert any(words(p["prompt"]) >= 50 for p in probes)
     for probe in probes:
         assert probe["expect"] and set(probe["expect"]) <= {"exact", "number", "contains", "any_of"}, probe["name"]
-        assert probe["max_tokens"] >= 256, probe["name"]
+        # Room to think, except for gemma3's small base model, whose answers are capped short (see its comment).
+        assert probe["max_tokens"] >= (16 if family == "gemma3" else 256), probe["name"]
         # The prompt alone must not pass its own probe (an echo would): the expectation is in the answer.
         assert not ap.judge(probe, {"content": probe["prompt"]}, fam["markers"])["passed"], probe["name"]
 
@@ -223,6 +224,7 @@ def test_the_catalogs_generated_models_run_no_probe_and_the_real_ones_do():
         assert ap.probe_set(PROBES, entry, [{"name": "mine", "prompt": "x"}]) == ("none", []), name
     families = {name: ap.probe_set(PROBES, entry)[0] for name, entry in CATALOG.items() if "generator" not in entry}
     assert families["deepseek-r1-671b-iq4_xs"] == "deepseek" and families["qwen3-235b-a22b-q4_k_m"] == "qwen3"
+    assert families["gemma3-270m-q4_k_m"] == "gemma3"
     for name, entry in CATALOG.items():
         if "generator" not in entry:
             assert ap.probe_set(PROBES, entry)[1], name

@@ -585,7 +585,8 @@ def test_every_catalog_entry_can_be_asked_of_the_hub():
              "qwen3-235b-a22b-q4_k_m": ("Qwen/Qwen3-235B-A22B-GGUF", 5)}
     for name, model in catalog().items():
         requests = hmk_hub.hub_requests(name, model)
-        assert [r["group"] for r in requests] == ["files", "hf_files"]
+        # a model KTransformers does not serve may come without HF config files (the bed's gemma3): no second request
+        assert [r["group"] for r in requests] == ["files", "hf_files"][:2 if model.get("hf_files") else 1]
         for item in requests[0]["files"]:
             # a repository with its GGUFs at the top level (ggml-org's gpt-oss) has no subfolder
             assert item["path"] == "/".join(filter(None, [model["huggingface"].get("subfolder"), item["name"]]))
