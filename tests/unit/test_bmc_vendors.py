@@ -125,8 +125,8 @@ def test_hpe_gen10plus_auto_nps_and_power_determinism_are_fixed_with_manual_cont
     assert result["changes"]["NumaMemoryDomainsPerSocket"] == "OneMemoryDomainPerSocket"
     assert result["changes"]["PerformanceDeterminism"] == "PerformanceDeterministic"
     assert result["changes"]["DeterminismControl"] == "DeterminismCtrlManual"
-    assert vendors.diff(attrs, result["changes"])["DeterminismControl"] == {"before": "DeterminismCtrlAuto",
-                                                                           "after": "DeterminismCtrlManual"}
+    assert vendors.diff(attrs, result["changes"])["DeterminismControl"] == {
+        "before": "DeterminismCtrlAuto", "after": "DeterminismCtrlManual"}
 
 
 def test_lenovo_sr635v3_smt_is_fixed_and_auto_64bit_mmio_cannot_be_written_without_a_known_value():

@@ -3,10 +3,8 @@ log, hmk_job_progress returns the compiler's own count read from the log's end w
 hmk_progress stdout callback prints it at each retry instead of FAILED - RETRYING, every other line being the default
 callback's."""
 import os
-import re
 import shlex
 import subprocess
-import time
 
 import jinja2
 import pytest
@@ -160,7 +158,7 @@ MAKE_LOG = """== configure 1970-01-12T13:46:40Z
 == build 1970-01-12T13:46:49Z
 [  1%] Building C object ggml/src/CMakeFiles/ggml-base.dir/ggml.c.o
 [  2%] Building CXX object ggml/src/CMakeFiles/ggml-base.dir/ggml.cpp.o
-/opt/src/ggml/src/ggml.c:12:5: warning: unused variable ‘x’ [-Wunused-variable]
+/opt/src/ggml/src/ggml.c:12:5: warning: unused variable \u2018x\u2019 [-Wunused-variable]
 [ 31%] Building CUDA object ggml/src/ggml-cuda/CMakeFiles/ggml-cuda.dir/fattn.cu.o
    12 |     int x;
       |         ^

@@ -67,7 +67,7 @@ def test_real_bump_passes_and_prints_the_default_changes(real_sources, capsys):
 def test_the_table_records_what_the_sources_say(real_sources):
     """The default_changes in llama_build_engine_flags are the moves read from the two commits, not typed in."""
     old, new = (pins.read_engine(s, ENGINE) for s in real_sources)
-    entry, _ = pins.kit_table(ENGINE)
+    entry, _unused = pins.kit_table(ENGINE)
     for item in entry["accepted"]:
         for change in item.get("default_changes") or []:
             flag = item["flag"]
