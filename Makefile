@@ -71,7 +71,10 @@ syntax: venv
 	ansible-playbook --syntax-check -i inventories/lab/hosts.yml site.yml playbooks/*.yml
 	ansible-playbook --syntax-check -i inventories/production/hosts.yml site.yml
 
-unit: venv
+# The fixture repository of the engine pin is made first (scripts/lab-fixtures, cached): the pin-bump and
+# architecture-list tests read the engine's own sources from it, and fail rather than skip without it.
+unit: deps venv
+	scripts/lab-fixtures >/dev/null
 	python -m pytest -q tests/unit
 
 # An engine pin bump, checked before the pin moves (README "Bumping an engine pin"): the engine's parser and

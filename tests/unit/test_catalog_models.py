@@ -172,8 +172,7 @@ def test_the_arch_list_at_the_pin_is_the_engines_own():
     import os
     import re
     fixture = Path(os.environ.get("HMK_CACHE", "/var/cache/hybrid-moe-kit")) / "fixtures" / "ik_llama.cpp.git"
-    if not fixture.is_dir():
-        pytest.skip("no ik_llama.cpp fixture repository here (%s)" % fixture)
+    assert fixture.is_dir(), "no ik_llama.cpp fixture repository at %s: run scripts/lab-fixtures (make unit does)" % fixture
     commits = subprocess.run(["git", "-C", str(fixture), "log", "--all", "--format=%H %s"], capture_output=True,
                              text=True, check=True).stdout.splitlines()
     commit = next(c.split()[0] for c in commits if hmk_engine_arch.IK_PIN in c)

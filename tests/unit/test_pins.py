@@ -31,8 +31,7 @@ ENGINE = "ik_llama.cpp"
 
 
 def _old_spec():
-    if not (OLD_REPO / "HEAD").exists():
-        pytest.skip("no fixture repository at %s (scripts/lab-fixtures makes it)" % OLD_REPO)
+    assert (OLD_REPO / "HEAD").exists(), "no fixture repository at %s: run scripts/lab-fixtures (make unit does)" % OLD_REPO
     return "%s@main" % OLD_REPO
 
 
