@@ -36,7 +36,7 @@ NEW = ("kimi-k2-thinking-q4_x", "glm-4.6-ud-q3_k_xl", "qwen3-coder-480b-a35b-ud-
 MACHINES = dict((m[0], m) for m in table.MACHINES)
 
 # The plan per model and seed machine: fits?, MoE layers whose experts go to GPUs, GiB each GPU is expected to hold,
-# GiB of RAM needed (CPU-side weights + 16 GiB host reserve). Genoa has 384 GB (357.6 GiB), Milan 512 GB (476.8 GiB).
+# GiB of RAM needed (CPU-side weights + 8 GiB -cram prompt cache + 8 GiB host reserve). Genoa has 384 GB (357.6 GiB), Milan 512 GB (476.8 GiB).
 PLANS = {
     ("kimi-k2-thinking-q4_x", "genoa-1x4090"): (False, 0, [16.03], 548.7),
     ("kimi-k2-thinking-q4_x", "genoa-1x5090"): (False, 1, [24.89], 539.9),
@@ -114,7 +114,8 @@ def test_the_plan_on_each_seed_machine(model, machine):
     assert mem["fits_ram"] is fits
     # what the GPUs do not hold stays on the CPU side
     on_gpu = sum(g["weights_bytes"] for g in plan["gpus"])
-    assert mem["ram_needed_bytes"] == layout["total_bytes"] - on_gpu + svc.HOST_RESERVE
+    assert mem["ram_needed_bytes"] == layout["total_bytes"] - on_gpu + mem["prompt_cache_bytes"] + svc.HOST_RESERVE
+    assert mem["prompt_cache_bytes"] == 8192 * 1024 * 1024  # -cram at the engine's default, rendered explicitly
 
 
 def test_kimi_k2_thinking_misses_even_the_largest_genoa():
