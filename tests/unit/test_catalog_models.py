@@ -171,7 +171,6 @@ def test_a_commit_the_kit_has_not_read_is_not_judged():
 def test_the_arch_list_at_the_pin_is_the_engines_own():
     """The list in hmk_engine_arch is llama-arch.cpp's LLM_ARCH_NAMES at 55d3c05, read from the fixture repository."""
     import os
-    import re
     fixture = Path(os.environ.get("HMK_CACHE", "/var/cache/hybrid-moe-kit")) / "fixtures" / "ik_llama.cpp.git"
     assert fixture.is_dir(), "no ik_llama.cpp fixture repository at %s: run scripts/lab-fixtures (make unit does)" % fixture
     commits = subprocess.run(["git", "-C", str(fixture), "log", "--all", "--format=%H %s"], capture_output=True,
@@ -179,7 +178,7 @@ def test_the_arch_list_at_the_pin_is_the_engines_own():
     commit = next(c.split()[0] for c in commits if hmk_engine_arch.IK_PIN in c)
     source = subprocess.run(["git", "-C", str(fixture), "show", commit + ":src/llama-arch.cpp"], capture_output=True,
                             text=True, check=True).stdout
-    names = set(re.findall(r'\{\s*LLM_ARCH_[A-Z0-9_]+,\s*"([^"]+)"\s*\}', source)) - {"(unknown)"}
+    names = set(hmk_engine_arch.read_arch_names(source).values())
     assert names == set(hmk_engine_arch.IK_ARCHS_55D3C05)
 
 
