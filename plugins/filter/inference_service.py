@@ -219,7 +219,9 @@ def opt_in_argv(engine, accepted, opts):
         if int(opts.get("mtp_layers") or 0) <= 0:
             _fail("the model has no MTP layers (GGUF %s.nextn_predict_layers is 0 or absent): switch "
                   "inference_service_mtp off" % (opts.get("arch") or "<arch>"))
-        if accepted.get("--spec-type") == "mtp":
+        # the table's items carry the value (--spec-type mtp); a build record's name list does not, but it lists
+        # --spec-type only from the commit on that takes "mtp", and -mtp only before it
+        if "-mtp" not in accepted and "--spec-type" in accepted and accepted["--spec-type"] in ("mtp", None):
             argv += ["--spec-type", "mtp"]
         else:
             argv.append(need("-mtp", "inference_service_mtp"))

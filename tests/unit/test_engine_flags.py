@@ -271,3 +271,22 @@ def test_the_gguf_reader_tells_mtp_layers(tmp_path):
     writer.write_tensors_to_file()
     writer.close()
     assert hmk_gguf.layout(str(path))["metadata"]["nextn_predict_layers"] == 1
+
+
+def test_mtp_from_a_build_records_name_list():
+    """Without the table in the play the service reads the build record's flag names (no values)."""
+    for date, flag in ((PIN_DATE, "-mtp"), (NEW_DATE, "--spec-type")):
+        names = [i["flag"] for i in svc.engine_flag_set(TABLE, "ik_llama.cpp", date)["accepted"]]
+        argv = _argv(date=date, accepted=names, arch="glm4moe", mtp=True, mtp_layers=1)
+        assert flag in argv and ({"-mtp", "--spec-type"} - {flag}).isdisjoint(argv)
+
+
+@pytest.mark.parametrize("date", [PIN_DATE, NEW_DATE])
+def test_the_smoke_check_finds_every_help_listed_flag_in_the_engines_help(date, new_files):
+    """The build's smoke check asks --help for each accepted flag with in_help: the option column of the engine's
+    usage table (options.push_back in common.cpp) at that commit lists them."""
+    lb = _load("llama_build_filters_for_flags", REPO / "plugins" / "filter" / "llama_build.py")
+    text = _pin_file("common/common.cpp") if date == PIN_DATE else new_files["common/common.cpp"]
+    usage = "\n".join(re.findall(r'options\.push_back\(\{\s*"[^"]*",\s*"([^"]*)"', text))
+    flag_set = lb.engine_flag_set(TABLE, "ik_llama.cpp", date)
+    assert lb.missing_in_help(usage, lb.help_flags(flag_set)) == []
