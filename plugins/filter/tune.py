@@ -445,13 +445,7 @@ def trial_argv(state, values):
     rules = vram_plan(context, values["ubatch"], values["gpu_layers"])["rules"] if context["plan_driven"] else None
     argv = service_argv(state["argv"], values, rules)
     mapped = bench_argv(argv, state["help"], state["binary"])
-    # the opt-in knobs, in llama-bench's own spelling (validate's mapping predates them)
-    extra = []
-    if values.get("split_mode") == "graph":
-        extra += ["-sm", "graph"]
-    if values.get("defer_experts"):
-        extra.append("--defer-experts")
-    return mapped["base"] + extra + bench_sizes(state["objective"], state["help"]) + [
+    return mapped["base"] + bench_sizes(state["objective"], state["help"]) + [
         "-r", str(state["repetitions"]), "-o", "json"]
 
 

@@ -290,3 +290,15 @@ def test_the_smoke_check_finds_every_help_listed_flag_in_the_engines_help(date, 
     usage = "\n".join(re.findall(r'options\.push_back\(\{\s*"[^"]*",\s*"([^"]*)"', text))
     flag_set = lb.engine_flag_set(TABLE, "ik_llama.cpp", date)
     assert lb.missing_in_help(usage, lb.help_flags(flag_set)) == []
+
+
+def test_validate_and_tune_map_the_opt_ins_onto_llama_bench():
+    val = _load("validate_filters_for_flags", REPO / "plugins" / "filter" / "validate.py")
+    server = ["/bin/llama-server"] + _argv(date=NEW_DATE, gpus=4, split_mode_graph=True, defer_experts=True)
+    # llama-bench --help at 8337e4cd lists -sm (none|layer|graph) and --defer-experts
+    help_new = ("  -o, --output <csv|json|md|sql>\n  -sm, --split-mode <none|layer|graph>(default: layer)\n"
+                "  --defer-experts                     (Linux only, default: 0)\n")
+    bench = val.bench_argv(server, help_new, "/bin/llama-bench")
+    assert bench["base"][bench["base"].index("-sm") + 1] == "graph" and "--defer-experts" in bench["base"]
+    older = val.bench_argv(server, "  -o, --output <csv|json|md|sql>\n", "/bin/llama-bench")
+    assert {"-sm", "--defer-experts"} <= set(older["dropped"]) and "--defer-experts" not in older["base"]
