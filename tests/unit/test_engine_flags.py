@@ -302,3 +302,63 @@ def test_validate_and_tune_map_the_opt_ins_onto_llama_bench():
     assert bench["base"][bench["base"].index("-sm") + 1] == "graph" and "--defer-experts" in bench["base"]
     older = val.bench_argv(server, "  -o, --output <csv|json|md|sql>\n", "/bin/llama-bench")
     assert {"-sm", "--defer-experts"} <= set(older["dropped"]) and "--defer-experts" not in older["base"]
+
+
+# ------------------------------------------------------------------------------------ the role's own plan.yml
+
+def _run_plan(**overrides):
+    """plan.yml's set_fact tasks evaluated in process with Ansible's templar (the collection's filters), on the role's
+    defaults, a deepseek2 layout and a build record of the given commit date; returns the facts they set."""
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
+    def trust(value):
+        if isinstance(value, str):
+            return trust_as_template(value)
+        if isinstance(value, list):
+            return [trust(v) for v in value]
+        if isinstance(value, dict):
+            return dict((k, trust(v)) for k, v in value.items())
+        return value
+
+    role = REPO / "roles" / "inference_service"
+    variables = dict(yaml.safe_load((role / "defaults" / "main.yml").read_text()))
+    variables.update(yaml.safe_load((role / "vars" / "main.yml").read_text()))
+    layout = layouts.r1("IQ4_XS")
+    variables.update({
+        "llama_build_engine_flags": TABLE, "inference_service_model_path": "/srv/models/r1/R1-00001-of-00009.gguf",
+        "hmk_hardware": yaml.safe_load((REPO / "inventories/production/group_vars/milan_4gpu/hardware.yml").read_text())[
+            "hmk_hardware"],
+        "__inference_service_layout": dict(layout, metadata=dict(layout["metadata"], nextn_predict_layers=1)),
+        "__inference_service_record": {"commit_date": PIN_DATE}, "__inference_service_numa_count": 1,
+        "__inference_service_binary": "/opt/hmk/engines/ik_llama.cpp/current/bin/llama-server",
+        "__inference_service_kt": {}, "__inference_service_kt_cores": 1, "__inference_service_kt_pools": 1,
+        "ansible_facts": {"processor_cores": 64, "processor_count": 1, "processor_vcpus": 64, "memtotal_mb": 512000},
+    })
+    variables.update(overrides)
+    variables = trust(variables)
+    for task in yaml.safe_load((role / "tasks" / "plan.yml").read_text()):
+        facts = task.get("ansible.builtin.set_fact")
+        if not facts:
+            continue
+        templar = Templar(loader=DataLoader(), variables=dict(variables, **trust(task.get("vars") or {})))
+        if "when" in task and not templar.evaluate_conditional(trust_as_template(str(task["when"]))):
+            continue
+        for name, expression in facts.items():
+            variables[name] = templar.template(trust(expression))
+    return variables
+
+
+def test_plan_yml_renders_the_explicit_flags_and_counts_the_prompt_cache():
+    facts = _run_plan(inference_service_cache_ram_mib=16384, inference_service_mtp=True,
+                      inference_service_split_mode_graph=True)
+    argv = facts["__inference_service_argv"]
+    assert _value(argv, "-mla") == "3" and _value(argv, "-amb") == "512"
+    assert _value(argv, "-cram") == "16384" and _value(argv, "--ctx-checkpoints") == "32"
+    assert "-mtp" in argv and _value(argv, "-sm") == "graph" and "--defer-experts" not in argv
+    memory = facts["__inference_service_memory"]
+    assert memory["prompt_cache_bytes"] == 16 * GIB and memory["ram_bytes"] == 512000 * MIB
+    assert memory["ram_needed_bytes"] == memory["ram_weight_bytes"] + 16 * GIB + svc.HOST_RESERVE
+    newer = _run_plan(__inference_service_record={"commit_date": NEW_DATE}, inference_service_mtp=True,
+                      inference_service_defer_experts=True)["__inference_service_argv"]
+    assert _value(newer, "--spec-type") == "mtp" and "--defer-experts" in newer and "-mtp" not in newer
