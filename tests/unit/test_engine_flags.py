@@ -362,3 +362,22 @@ def test_plan_yml_renders_the_explicit_flags_and_counts_the_prompt_cache():
     newer = _run_plan(__inference_service_record={"commit_date": NEW_DATE}, inference_service_mtp=True,
                       inference_service_defer_experts=True)["__inference_service_argv"]
     assert _value(newer, "--spec-type") == "mtp" and "--defer-experts" in newer and "-mtp" not in newer
+
+
+def test_the_pin_bump_check_fails_on_a_rendered_flag_the_new_commit_refuses(tmp_path, capsys, parsers):
+    """8337e4cd still names -mtp in its parser, only to throw "legacy speculative option"; make pins counts that as
+    gone: without the table's `until` for -mtp the bump fails naming it."""
+    table = yaml.safe_load((REPO / "roles" / "llama_build" / "defaults" / "main.yml").read_text())
+    entry = [e for e in table["llama_build_engine_flags"]["ik_llama.cpp"] if not e.get("until")][0]
+    for item in entry["accepted"]:
+        if item["flag"] == "-mtp":
+            item.pop("until")
+            item.pop("renamed_to")
+    path = tmp_path / "table.yml"
+    path.write_text(yaml.safe_dump(table))
+    old_spec = "%s@%s" % (FIXTURE, _pin_commit())
+    assert pins.main(["--engine", "ik_llama.cpp", "--table", str(path), old_spec, str(NEW_TARBALL)]) == 1
+    out = capsys.readouterr().out
+    assert re.findall(r"^  (\S+): ", out.split("FAIL:")[1], re.M) == ["-mtp"]
+    assert re.search(r"^flags now refused with a message \(\d+\): .*(?<!\S)-mtp(?!\S)", out, re.M)
+    assert pins.main(["--engine", "ik_llama.cpp", old_spec, str(NEW_TARBALL)]) == 0  # the real table records it
