@@ -116,6 +116,10 @@ from ansible_collections.hmk.moe_kit.plugins.module_utils import hmk_answer_prob
 from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_validate import check_all
 
 
+HINT = ("The model loads and answers, but not correctly: what that means and the engine issues and flags to try are "
+        "in the README, section 'Answer probe'.")
+
+
 def post(url, body, api_key, timeout):
     """(status, parsed JSON or {"error"/"body": ...}) of one completion; never raises. status 0: no HTTP answer."""
     headers = {"Content-Type": "application/json"}
@@ -201,8 +205,8 @@ def main():
     if failed:
         lines = ["probe %s failed: %s. Prompt: %r. Answer: %r. Expected: %s." % (
             v["name"], v["reason"], v["prompt"], v["answer"][:400], v["expected"]) for v in failed]
-        module.fail_json(msg="%d of %d answer probes failed. %s" % (len(failed), len(verdicts), " ".join(lines)),
-                         **result)
+        module.fail_json(msg="%d of %d answer probes failed. %s %s" % (len(failed), len(verdicts), " ".join(lines),
+                                                                     HINT), **result)
     module.exit_json(msg="%d answer probes passed" % len(verdicts), **result)
 
 
