@@ -445,6 +445,9 @@ def report(inputs):
                   "tokens_per_joule": tokens_per_joule(tg_tps, cpu, gpu)},
         "published": inputs.get("seeds") or unavailable("no seed table"),
         "tuning": tuning,
+        # Whether the answers are right (the gate's probes again) and the perplexity over the kit's text holds.
+        "answers": inputs.get("answers") or {"status": "skipped", "reason": "the answer probe was not run"},
+        "perplexity": inputs.get("perplexity") or {"status": "skipped", "reason": "llama-perplexity was not run"},
     }
     return result
 
@@ -520,6 +523,13 @@ def report_markdown(rep):
         lines.append("| llama-bench %s | %s |" % (
             kind, ("%s%d: %.2f +/- %.2f tok/s" % (kind, part["tokens"], part["tps"], part["stddev_tps"]))
             if part.get("available") else _fmt(part)))
+    answers, perplexity = rep.get("answers") or {}, rep.get("perplexity") or {}
+    if answers:
+        lines.append("| answer probe | %s%s |" % (answers.get("status"), (" (family %s): %s" % (
+            answers.get("family"), str(answers.get("reason", "")).replace("|", "\\|")[:300]))))
+    if perplexity:
+        lines.append("| perplexity | %s: %s |" % (perplexity.get("status"),
+                                                 str(perplexity.get("reason", "")).replace("|", "\\|")[:300]))
     measured, theoretical = bw["measured"], bw["theoretical"]
     lines.append("| memory bandwidth | %s measured (read; triad %s), %s theoretical |" % (
         _fmt(measured.get("read_gbps") if measured.get("available") else measured, " GB/s"),

@@ -401,5 +401,9 @@ def plan(data, catalog, model_path, family="auto", extra=()):
                else "the family has no meaningful answers")
         return {"family": fam, "model_id": model_id, "probes": [], "markers": markers,
                 "reason": "answer probe family %s (%s): %s, so no answer probe runs" % (fam, origin, why)}
-    return {"family": fam, "model_id": model_id, "probes": probes, "markers": markers,
-            "reason": "answer probe family %s (%s): %d probes" % (fam, origin, len(probes))}
+    out = {"family": fam, "model_id": model_id, "probes": probes, "markers": markers,
+           "reason": "answer probe family %s (%s): %d probes" % (fam, origin, len(probes))}
+    if (entry or {}).get("perplexity"):
+        # A published perplexity of this model over the kit's text (validate compares with it until it records one).
+        out["perplexity"] = dict(entry["perplexity"])
+    return out

@@ -15,8 +15,8 @@ description:
     top_k 1, a fixed I(seed), the probe's C(max_tokens)) and judges the answer with
     plugins/module_utils/hmk_answer_probe.py.
   - A probe with C(endpoint=completions) is sent as raw text to the same server's C(/v1/completions) instead, with
-    its C(stop) strings, and C(choices[0].text) is judged: a pretrained base model continues text and has no chat
-    turn to answer.
+    its C(stop) strings, and C(choices[0].text) is judged, since a pretrained base model continues text and has no
+    chat turn to answer.
   - A probe passes when its final answer (after any C(<think>) block or C(reasoning_content)) holds what the probe
     expects (C(exact), C(number), C(contains), C(any_of), compared after normalising case, whitespace, thousands
     separators and a trailing period) and is not degenerate. Degenerate is an empty answer, fewer words than the

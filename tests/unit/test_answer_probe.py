@@ -492,3 +492,54 @@ def test_the_roles_family_choices_are_the_families_of_the_data():
 def test_a_users_probe_is_checked_as_data(probe, problem):
     found = ap.probe_problem(probe)
     assert (found is None) if problem is None else (problem in found), found
+
+
+# The role's wiring: the plan the gate renders, in process with Ansible's templar on the role's own variables
+
+def _render_plan(model_path, **overrides):
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar
+    from test_bad_inputs import role_vars
+    variables = role_vars("inference_service", dict(
+        {"inference_service_model_path": model_path,
+         "role_path": os.path.join(ROOT, "roles", "inference_service")}, **overrides))
+    templar = Templar(loader=DataLoader(), variables=variables)
+    return templar.template(variables["__inference_service_answer_plan"]), \
+        templar.template(variables["__inference_service_deployment"]["answer_probe"])
+
+
+def test_the_role_renders_the_plan_for_the_served_file_and_records_it_for_validate():
+    plan, recorded = _render_plan("/srv/models/gemma3-270m-q4_k_m/gemma-3-270m-q4_k_m.gguf")
+    assert plan["family"] == "gemma3" and len(plan["probes"]) == 3 and recorded == plan
+    # The lab twins' tiny model: no probe, with the reason the gate prints.
+    tiny, recorded = _render_plan("/srv/models/tiny-deepseek2/tiny-deepseek2-00001-of-00002.gguf")
+    assert tiny["probes"] == [] and recorded["probes"] == [] and "no answer probe runs" in tiny["reason"]
+    off, recorded = _render_plan("/srv/models/gemma3-270m-q4_k_m/gemma-3-270m-q4_k_m.gguf",
+                                 inference_service_answer_probe=False)
+    assert off["probes"] and recorded["probes"] == [] and recorded["reason"] == "inference_service_answer_probe is false"
+    # The inventory's own catalog entries count, and the user's probes are merged in.
+    mine, _unused = _render_plan("/srv/models/mine/mine-q4.gguf", model_sync_catalog={"mine": {
+        "answer_probes": "qwen3", "files": [{"name": "mine-q4.gguf", "size": 1, "sha256": "0" * 64}]}},
+        inference_service_answer_probes=[{"name": "house", "prompt": "Our fact?", "expect": {"contains": ["x"]}}])
+    assert mine["family"] == "qwen3" and mine["model_id"] == "mine" and mine["probes"][-1]["name"] == "house"
+
+
+def test_the_gate_runs_the_probe_inside_the_block_that_rolls_back_and_says_when_none_runs():
+    gate = yaml.safe_load(open(os.path.join(ROOT, "roles", "inference_service", "tasks", "gate.yml"), encoding="utf-8"))
+    probe = next(t for t in gate if "hmk.moe_kit.hmk_answer_probe" in t)
+    args = probe["hmk.moe_kit.hmk_answer_probe"]
+    assert args["probes"] == "{{ __inference_service_answer_plan.probes }}"
+    assert "__inference_service_answer_plan.probes | length > 0" in probe["when"]
+    assert "not ansible_check_mode" in probe["when"] and "failed_when" not in probe
+    said = next(t for t in gate if "ansible.builtin.debug" in t and "answer_plan.reason" in str(t))
+    assert "__inference_service_answer_plan.probes | length == 0" in str(said["when"])
+    # After the smoke completion, before the placement proof.
+    names = [next(iter(k for k in t if k.startswith(("hmk.", "ansible.")))) for t in gate]
+    assert names.index("hmk.moe_kit.hmk_answer_probe") > names.index("ansible.builtin.assert")
+    service = open(os.path.join(ROOT, "roles", "inference_service", "tasks", "service.yml"), encoding="utf-8").read()
+    assert "include_tasks: gate.yml" in service.split("rescue:")[0] and "rollback.yml" in service.split("rescue:")[1]
+    rollback = yaml.safe_load(open(os.path.join(ROOT, "roles", "inference_service", "tasks", "rollback.yml"),
+                                   encoding="utf-8"))
+    restored = next(t for t in rollback if "block" in t and "rescue" in t)["block"]
+    regate = next(t for t in restored if t.get("ansible.builtin.include_tasks") == "gate.yml")
+    assert "last_good_manifest" in regate["vars"]["__inference_service_answer_model"]

@@ -155,3 +155,45 @@ def test_the_kits_text_is_long_enough_for_its_context():
     # words, and 8 chunks about 1600.
     assert 1600 <= words <= 3000, words
     assert text.isascii()
+
+
+# The role's wiring, in process with Ansible's templar on the validate role's own variables
+
+def _validate_templar(deployment, **overrides):
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar
+    from test_bad_inputs import role_vars
+    variables = role_vars("validate", dict({"role_path": os.path.join(ROOT, "roles", "validate"),
+                                            "__validate_deployment": deployment, "ansible_check_mode": False},
+                                           **overrides))
+    return Templar(loader=DataLoader(), variables=variables), variables
+
+
+def _skip_reason(deployment, **overrides):
+    tasks = yaml.safe_load(open(os.path.join(ROOT, "roles", "validate", "tasks", "perplexity.yml"), encoding="utf-8"))
+    templar, _unused = _validate_templar(deployment, **overrides)
+    expression = tasks[0]["ansible.builtin.set_fact"]["__validate_perplexity_skip"]
+    from ansible.template import trust_as_template
+    return templar.template(trust_as_template(expression)).strip()
+
+
+PROBED = {"engine": "ik_llama.cpp", "model": DEPLOYMENT["model"], "argv": SERVER_ARGV,
+          "answer_probe": {"family": "gemma3", "probes": [{"name": "capital"}], "reason": "3 probes"}}
+
+
+def test_validate_measures_perplexity_only_for_a_probed_model_on_a_llama_engine():
+    assert _skip_reason(PROBED) == ""
+    tiny = dict(PROBED, answer_probe={"family": "none", "probes": [], "reason": "its weights are random"})
+    assert "runs no answer probe (its weights are random)" in _skip_reason(tiny)
+    assert "carries none" in _skip_reason({k: v for k, v in PROBED.items() if k != "answer_probe"})
+    assert "has no llama-perplexity" in _skip_reason(dict(PROBED, engine="ktransformers"))
+    assert _skip_reason(PROBED, validate_perplexity=False) == "validate_perplexity is false"
+
+
+def test_the_record_key_follows_the_shipped_texts_bytes():
+    import hashlib
+    templar, variables = _validate_templar(PROBED)
+    sha = hashlib.sha256(open(os.path.join(ROOT, "roles", "validate", "files", "hmk-perplexity.txt"), "rb").read())
+    assert templar.template(variables["__validate_perplexity_text_sha256"]) == sha.hexdigest()
+    assert templar.template(variables["__validate_perplexity_key"]) == "%s|%s|256" % (
+        DEPLOYMENT["model"], sha.hexdigest()[:16])
