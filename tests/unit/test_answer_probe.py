@@ -528,11 +528,13 @@ def test_the_gate_runs_the_probe_inside_the_block_that_rolls_back_and_says_when_
     gate = yaml.safe_load(open(os.path.join(ROOT, "roles", "inference_service", "tasks", "gate.yml"), encoding="utf-8"))
     probe = next(t for t in gate if "hmk.moe_kit.hmk_answer_probe" in t)
     args = probe["hmk.moe_kit.hmk_answer_probe"]
-    assert args["probes"] == "{{ __inference_service_answer_plan.probes }}"
-    assert "__inference_service_answer_plan.probes | length > 0" in probe["when"]
+    assert args["probes"] == "{{ __inference_service_answer_run.probes }}"
+    assert "__inference_service_answer_run.probes | length > 0" in probe["when"]
+    # Chosen once per gate, by the gate's first task, from the role's plan.
+    assert gate[0]["ansible.builtin.set_fact"]["__inference_service_answer_run"] == "{{ __inference_service_answer_plan }}"
     assert "not ansible_check_mode" in probe["when"] and "failed_when" not in probe
-    said = next(t for t in gate if "ansible.builtin.debug" in t and "answer_plan.reason" in str(t))
-    assert "__inference_service_answer_plan.probes | length == 0" in str(said["when"])
+    said = next(t for t in gate if "ansible.builtin.debug" in t and "answer_run.reason" in str(t))
+    assert "__inference_service_answer_run.probes | length == 0" in str(said["when"])
     # After the smoke completion, before the placement proof.
     names = [next(iter(k for k in t if k.startswith(("hmk.", "ansible.")))) for t in gate]
     assert names.index("hmk.moe_kit.hmk_answer_probe") > names.index("ansible.builtin.assert")
