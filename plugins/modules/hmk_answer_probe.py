@@ -40,7 +40,8 @@ options:
   probes:
     description:
       - The probes, each with C(name), C(prompt), optional C(endpoint) (C(chat), the default, or C(completions)),
-        C(stop), C(system), C(max_tokens), C(min_words), C(chat_template_kwargs) and C(expect) (roles/inference_service/vars/answer_probes.yml describes them).
+        C(stop), C(system), C(max_tokens), C(min_words), C(chat_template_kwargs) and C(expect)
+        (roles/inference_service/vars/answer_probes.yml describes them).
       - An empty list probes nothing and passes (the kit's generated test models have no meaningful answers).
     type: list
     elements: dict

@@ -9,9 +9,12 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 import yaml
+from ansible.parsing.dataloader import DataLoader
+from ansible.template import Templar
 
 from ansible_collections.hmk.moe_kit.plugins.module_utils import hmk_answer_probe as ap
 from module_process import run_module
+from test_bad_inputs import role_vars
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "answers")
@@ -497,9 +500,6 @@ def test_a_users_probe_is_checked_as_data(probe, problem):
 # The role's wiring: the plan the gate renders, in process with Ansible's templar on the role's own variables
 
 def _render_plan(model_path, **overrides):
-    from ansible.parsing.dataloader import DataLoader
-    from ansible.template import Templar
-    from test_bad_inputs import role_vars
     variables = role_vars("inference_service", dict(
         {"inference_service_model_path": model_path,
          "role_path": os.path.join(ROOT, "roles", "inference_service")}, **overrides))
@@ -516,7 +516,8 @@ def test_the_role_renders_the_plan_for_the_served_file_and_records_it_for_valida
     assert tiny["probes"] == [] and recorded["probes"] == [] and "no answer probe runs" in tiny["reason"]
     off, recorded = _render_plan("/srv/models/gemma3-270m-q4_k_m/gemma-3-270m-q4_k_m.gguf",
                                  inference_service_answer_probe=False)
-    assert off["probes"] and recorded["probes"] == [] and recorded["reason"] == "inference_service_answer_probe is false"
+    assert off["probes"] and recorded["probes"] == []
+    assert recorded["reason"] == "inference_service_answer_probe is false"
     # The inventory's own catalog entries count, and the user's probes are merged in.
     mine, _unused = _render_plan("/srv/models/mine/mine-q4.gguf", model_sync_catalog={"mine": {
         "answer_probes": "qwen3", "files": [{"name": "mine-q4.gguf", "size": 1, "sha256": "0" * 64}]}},
@@ -531,7 +532,8 @@ def test_the_gate_runs_the_probe_inside_the_block_that_rolls_back_and_says_when_
     assert args["probes"] == "{{ __inference_service_answer_run.probes }}"
     assert "__inference_service_answer_run.probes | length > 0" in probe["when"]
     # Chosen once per gate, by the gate's first task, from the role's plan.
-    assert gate[0]["ansible.builtin.set_fact"]["__inference_service_answer_run"] == "{{ __inference_service_answer_plan }}"
+    chosen = gate[0]["ansible.builtin.set_fact"]["__inference_service_answer_run"]
+    assert chosen == "{{ __inference_service_answer_plan }}"
     assert "not ansible_check_mode" in probe["when"] and "failed_when" not in probe
     said = next(t for t in gate if "ansible.builtin.debug" in t and "answer_run.reason" in str(t))
     assert "__inference_service_answer_run.probes | length == 0" in str(said["when"])

@@ -1,14 +1,18 @@
 """The perplexity baseline: the reader on real llama-perplexity output from public threads (tests/fixtures/perplexity)
 and on the failures the engine source prints, the regression verdict, the command built from the service's argv, and
 validate's filter that puts them together."""
+import hashlib
 import os
 import re
 
 import pytest
 import yaml
+from ansible.parsing.dataloader import DataLoader
+from ansible.template import Templar, trust_as_template
 
 from ansible_collections.hmk.moe_kit.plugins.filter import validate as vf
 from ansible_collections.hmk.moe_kit.plugins.module_utils import hmk_perplexity as ppl
+from test_bad_inputs import role_vars
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "perplexity")
@@ -160,9 +164,6 @@ def test_the_kits_text_is_long_enough_for_its_context():
 # The role's wiring, in process with Ansible's templar on the validate role's own variables
 
 def _validate_templar(deployment, **overrides):
-    from ansible.parsing.dataloader import DataLoader
-    from ansible.template import Templar
-    from test_bad_inputs import role_vars
     variables = role_vars("validate", dict({"role_path": os.path.join(ROOT, "roles", "validate"),
                                             "__validate_deployment": deployment, "ansible_check_mode": False},
                                            **overrides))
@@ -173,7 +174,6 @@ def _skip_reason(deployment, **overrides):
     tasks = yaml.safe_load(open(os.path.join(ROOT, "roles", "validate", "tasks", "perplexity.yml"), encoding="utf-8"))
     templar, _unused = _validate_templar(deployment, **overrides)
     expression = tasks[0]["ansible.builtin.set_fact"]["__validate_perplexity_skip"]
-    from ansible.template import trust_as_template
     return templar.template(trust_as_template(expression)).strip()
 
 
@@ -191,7 +191,6 @@ def test_validate_measures_perplexity_only_for_a_probed_model_on_a_llama_engine(
 
 
 def test_the_record_key_follows_the_shipped_texts_bytes():
-    import hashlib
     templar, variables = _validate_templar(PROBED)
     sha = hashlib.sha256(open(os.path.join(ROOT, "roles", "validate", "files", "hmk-perplexity.txt"), "rb").read())
     assert templar.template(variables["__validate_perplexity_text_sha256"]) == sha.hexdigest()
