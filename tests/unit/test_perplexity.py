@@ -196,3 +196,19 @@ def test_the_record_key_follows_the_shipped_texts_bytes():
     assert templar.template(variables["__validate_perplexity_text_sha256"]) == sha.hexdigest()
     assert templar.template(variables["__validate_perplexity_key"]) == "%s|%s|256" % (
         DEPLOYMENT["model"], sha.hexdigest()[:16])
+
+
+def _answer_skip(deployment, **overrides):
+    tasks = yaml.safe_load(open(os.path.join(ROOT, "roles", "validate", "tasks", "answers.yml"), encoding="utf-8"))
+    templar, _unused = _validate_templar(deployment, **overrides)
+    expression = tasks[0]["ansible.builtin.set_fact"]["__validate_answer_skip"]
+    return templar.template(trust_as_template(expression)).strip()
+
+
+def test_validate_sends_the_gates_probes_and_says_why_when_it_sends_none():
+    assert _answer_skip(PROBED) == ""
+    tiny = dict(PROBED, answer_probe={"family": "none", "probes": [], "reason": "no answer probe runs"})
+    assert _answer_skip(tiny) == "no answer probe runs"
+    assert "deployed by an older kit" in _answer_skip({k: v for k, v in PROBED.items() if k != "answer_probe"})
+    assert _answer_skip(PROBED, validate_answer_probe=False) == "validate_answer_probe is false"
+    assert _answer_skip(PROBED, ansible_check_mode=True) == "check mode"
