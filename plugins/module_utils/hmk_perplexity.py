@@ -36,12 +36,16 @@ DROP_WITH_VALUE = frozenset((
     "--chat-template-file", "--reasoning-format", "--reasoning-budget", "-c", "--ctx-size", "-b", "--batch-size",
     "-ub", "--ubatch-size", "--slot-save-path", "--timeout", "-to", "--threads-http", "--ssl-key-file",
     "--ssl-cert-file", "--path", "-n", "--n-predict", "--cache-reuse", "-f", "--file", "--chunks", "--log-file",
-    "-cram", "--cache-ram"))
+    "-cram", "--cache-ram", "-ctx-ckpt", "--ctx-checkpoints", "--spec-type"))
+# Speculative decoding (-mtp) only changes how the server generates, never a logit perplexity reads.
 DROP_SWITCHES = frozenset(("--metrics", "--jinja", "--no-webui", "--slots", "--no-slots", "--cont-batching",
-                           "-cb", "--embedding", "--embeddings", "--props", "--log-disable", "-v", "--verbose"))
-# Switches that take no value in llama-server's parser, so the argv walk does not swallow the next flag's value.
+                           "-cb", "--embedding", "--embeddings", "--props", "--log-disable", "-v", "--verbose",
+                           "-mtp", "--multi-token-prediction"))
+# Switches that take no value in llama-server's parser (ik_llama.cpp common/common.cpp at 55d3c05 and 8337e4cd), so
+# the argv walk does not swallow the next flag's value.
 SWITCHES = DROP_SWITCHES | frozenset(("-rtr", "--run-time-repack", "-fmoe", "--fused-moe", "--no-mmap", "--mlock",
-                                      "-ger", "--grouped-expert-routing", "-no-kvu", "--no-kv-offload", "-nkvo"))
+                                      "-ger", "--grouped-expert-routing", "-no-kvu", "--no-kv-offload", "-nkvo",
+                                      "--defer-experts", "--prefetch-experts"))
 
 
 def _number(text):

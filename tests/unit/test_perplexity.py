@@ -92,7 +92,8 @@ SERVER_ARGV = ["/opt/hmk/engines/ik_llama.cpp/current/bin/llama-server", "-m", "
                "-a", "deepseek-r1", "-t", "32", "-tb", "32", "-c", "32768", "-b", "2048", "-ub", "2048",
                "-ctk", "q8_0", "-ctv", "q8_0", "-ngl", "99", "-mla", "3", "-fa", "on", "-amb", "512", "--numa",
                "distribute", "--metrics", "-ot", "blk\\.(3|4)\\.ffn_.*_exps=CUDA0", "-ot", "exps=CPU",
-               "--chat-template", "gemma", "-np", "1", "--jinja", "--no-mmap"]
+               "--chat-template", "gemma", "-np", "1", "--jinja", "--no-mmap", "-cram", "8192", "--ctx-checkpoints",
+               "8", "--defer-experts", "-sm", "graph", "--spec-type", "mtp"]
 
 
 def test_the_command_keeps_what_changes_the_numbers_and_drops_the_servers_own_flags():
@@ -103,12 +104,14 @@ def test_the_command_keeps_what_changes_the_numbers_and_drops_the_servers_own_fl
                  ["-amb", "512"], ["--numa", "distribute"], ["-ot", "exps=CPU"],
                  ["-ot", "blk\\.(3|4)\\.ffn_.*_exps=CUDA0"]):
         assert any(argv[i:i + 2] == pair for i in range(len(argv))), pair
-    assert "--no-mmap" in argv
+    assert "--no-mmap" in argv and "--defer-experts" in argv and ["-sm", "graph"] == argv[argv.index("-sm"):][:2]
     assert argv[-10:] == ["-f", "/var/lib/hmk/perplexity.txt", "-c", "256", "-b", "256", "-ub", "256",
                           "--chunks", "8"]
-    for flag in ("--host", "--port", "--api-key-file", "-a", "--metrics", "--chat-template", "-np", "--jinja"):
+    for flag in ("--host", "--port", "--api-key-file", "-a", "--metrics", "--chat-template", "-np", "--jinja", "-cram",
+                 "--ctx-checkpoints", "--spec-type"):
         assert flag not in argv and flag in cmd["dropped"], flag
     assert "32768" not in argv and "2048" not in argv and "/etc/hmk/hmk-inference.api-key" not in argv
+    assert "8192" not in argv and "mtp" not in argv
 
 
 def test_a_service_without_a_model_has_no_command():
