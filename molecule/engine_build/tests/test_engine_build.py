@@ -39,7 +39,7 @@ def test_current_llama_server_names_the_pinned_commit(host):
 
 
 def test_binaries_are_static_in_engine_libraries(host):
-    for binary in ("llama-server", "llama-bench"):
+    for binary in ("llama-server", "llama-bench", "llama-perplexity"):
         path = "%s/current/bin/%s" % (ROOT, binary)
         assert host.file(path).mode & 0o111
         libs = host.run("ldd " + path).stdout
@@ -56,7 +56,7 @@ def test_build_key_layout_and_record(host):
                 "-DGGML_CCACHE=ON", "-DGGML_IQK_FA_ALL_QUANTS=OFF", "-DCMAKE_BUILD_TYPE=Release"):
         assert arg in record["cmake_args"], (arg, record["cmake_args"])
     assert not any(a.startswith("-DCMAKE_CUDA_ARCHITECTURES") for a in record["cmake_args"])
-    assert record["targets"] == ["llama-server", "llama-bench"]
+    assert record["targets"] == ["llama-server", "llama-bench", "llama-perplexity"]
     assert record["compiler"].startswith(("c++", "g++")), record["compiler"]
     assert record["cmake"].startswith("cmake version")
     assert record["nvcc"] == ""
