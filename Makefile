@@ -77,7 +77,7 @@ unit: deps venv
 	scripts/lab-fixtures >/dev/null
 	python -m pytest -q tests/unit
 
-# An engine pin bump, checked before the pin moves (README "Bumping an engine pin"): the engine's parser and
+# An engine pin bump, checked before the pin moves (docs/docsite/rst/test_bed.rst, "Bumping an engine pin"): the engine's parser and
 # build options at FROM and TO against llama_build_engine_flags; fails naming each rendered flag that changed.
 ENGINE ?= ik_llama.cpp
 FROM ?= $(HMK_CACHE)/fixtures/ik_llama.cpp.git@main
@@ -140,7 +140,7 @@ bench: deps venv image
 	python benchmarks/model_sync.py
 	benchmarks/engine_build.sh
 
-# Not part of bench or CI: N container twins rebuilt with site.yml at once, ~25 min on 2 cores (README).
+# Not part of bench or CI: N container twins rebuilt with site.yml at once, ~25 min on 2 cores (operator's guide, "A fleet").
 fleet-bench: deps venv image
 	benchmarks/fleet.sh
 
