@@ -22,7 +22,7 @@ try:
 except ImportError:  # imported without Ansible (unit tests in a bare interpreter)
     AnsibleFilterError = ValueError
 
-from ansible_collections.hmk.moe_kit.plugins.module_utils import hmk_engine_log, hmk_nvidia_devices
+from ansible_collections.hmk.moe_kit.plugins.module_utils import hmk_engine_arch, hmk_engine_log, hmk_nvidia_devices
 
 GIB = 1024 ** 3
 GB = 1000 ** 3
@@ -33,8 +33,8 @@ KV_TYPE_BYTES = {
     "q8_0": 34.0 / 32, "q6_0": 26.0 / 32, "q5_0": 22.0 / 32, "q5_1": 24.0 / 32,
     "q4_0": 18.0 / 32, "q4_1": 20.0 / 32, "iq4_nl": 18.0 / 32,
 }
-# Architectures with DeepSeek's multi-head latent attention (-mla applies to these only).
-MLA_ARCHS = ("deepseek2",)
+# Which architectures are MLA (-mla, -amb and the latent KV cache apply to these only) comes from the engine at the
+# build's commit date: hmk_engine_arch.mla_archs, read from ik_llama.cpp's own sources.
 # Flags every llama-server since the kit's oldest supported commit (2025-04) parses; the flags that
 # changed between commits come from llama_build's per-version table (llama_build_engine_flags).
 # --no-slots: ik_llama.cpp (common.cpp at the pin) and mainline (common/arg.cpp since 2024-09) both parse it; the
@@ -72,7 +72,7 @@ def engine_flag_set(table, engine, commit_date):
     if len(matches) != 1:
         _fail("llama_build_engine_flags has %d entries for %s at commit date %s (need exactly one)"
               % (len(matches), engine, commit_date or "?"))
-    return matches[0]
+    return hmk_engine_arch.flag_set_at(matches[0], commit_date)
 
 
 def _fa_args(accepted):
@@ -88,10 +88,16 @@ def _fa_args(accepted):
 def llama_argv(opts):
     """llama-server arguments (without the binary) for ik_llama.cpp or mainline llama.cpp.
 
-    opts: engine, accepted (table entry or flag names), model, arch, host, port, threads, threads_batch
-    (0: as -t), ngl, ctx, batch, ubatch, ctk, ctv, amb, ot (list of REGEX=BUFFER rules, first match wins),
-    numa_nodes, numa_mode, rtr (run-time repacking: CPU-only nodes), metrics, alias, parallel, api_key_file,
-    extra (list).
+    opts: engine, accepted (table entry or flag names), commit_date (the build's: which architectures are MLA),
+    model, arch, host, port, threads, threads_batch (0: as -t), ngl, ctx, batch, ubatch, ctk, ctv, amb (MiB, MLA
+    models; 0 = no limit, rendered too), cache_ram_mib (-cram), ctx_checkpoints, ot (list of REGEX=BUFFER rules,
+    first match wins), numa_nodes, numa_mode, rtr (run-time repacking: CPU-only nodes), metrics, alias, parallel,
+    api_key_file, gpus (count), the opt-ins defer_experts, prefetch_experts, split_mode_graph, mtp (with
+    mtp_layers, the model's nextn_predict_layers), extra (list).
+
+    What the engine would otherwise decide, and the kit's plan depends on, is rendered wherever the commit accepts
+    the flag: -amb (its default moved from no limit to 256 MiB), -cram (host RAM the plan counts),
+    --ctx-checkpoints, and mainline's -fit off (else mainline re-plans the kit's placement).
     """
     engine = opts.get("engine", "ik_llama.cpp")
     if engine not in ("ik_llama.cpp", "llama.cpp"):
@@ -120,10 +126,24 @@ def llama_argv(opts):
     argv += _fa_args(accepted)
     if "-fmoe" in accepted:  # only commits before 2025-10-25 have (and need) the switch
         argv.append("-fmoe")
-    if opts.get("arch") in MLA_ARCHS and "-mla" in accepted:
+    if hmk_engine_arch.is_mla(engine, opts.get("commit_date"), opts.get("arch")) and "-mla" in accepted:
         argv += ["-mla", "3"]
-        if int(opts.get("amb") or 0) > 0 and "-amb" in accepted:
-            argv += ["-amb", str(int(opts["amb"]))]
+        if "-amb" in accepted:
+            amb = int(opts.get("amb") or 0)
+            if amb < 0:
+                _fail("-amb is a size in MiB (0 = no limit), not %d" % amb)
+            argv += ["-amb", str(amb)]
+    if "-cram" in accepted:
+        cram = cache_ram_mib(opts.get("cache_ram_mib"))
+        argv += ["-cram", str(cram)]
+    if "--ctx-checkpoints" in accepted:
+        checkpoints = int(opts.get("ctx_checkpoints") if opts.get("ctx_checkpoints") not in (None, "") else 32)
+        if checkpoints < 0:
+            _fail("--ctx-checkpoints is a count per slot (0 = none), not %d" % checkpoints)
+        argv += ["--ctx-checkpoints", str(checkpoints)]
+    if "-fit" in accepted:  # mainline: never re-plan -ngl/-ot/-c against the free VRAM at start
+        argv += ["-fit", "off"]
+    argv += opt_in_argv(engine, accepted, opts)
     for rule in opts.get("ot") or []:
         argv += [need("-ot"), str(rule)]
     if opts.get("ts"):
@@ -161,6 +181,51 @@ def llama_argv(opts):
             _fail("%s is refused in the extra arguments: %s" % (flag, reasons.get(
                 flag, "run-time repacking disables mmap and GPU prompt offload in hybrid mode")))
     return argv + extra
+
+
+def cache_ram_mib(value):
+    """-cram in MiB: the engine's default 8192 when unset; 0 disables the prompt cache; -1 (no limit) is refused,
+    since the RAM plan could not count it."""
+    cram = 8192 if value in (None, "") else int(value)
+    if cram < 0:
+        _fail("-cram %d (no limit) cannot be counted in the RAM plan: give the prompt cache a size in MiB (0: off)" % cram)
+    return cram
+
+
+def opt_in_argv(engine, accepted, opts):
+    """The opt-in flags (off unless asked for), each only where the build's commit accepts it; asking for one the
+    commit lacks fails, naming it."""
+    argv = []
+
+    def want(key):
+        return str(opts.get(key)).lower() in ("true", "1", "yes", "on")
+
+    def need(flag, what):
+        if flag not in accepted:
+            _fail("%s at this commit does not accept %s (%s): move the pin to a commit that has it "
+                  "(llama_build_engine_flags lists since when) or switch the option off" % (engine, flag, what))
+        return flag
+
+    if want("defer_experts"):
+        argv.append(need("--defer-experts", "inference_service_defer_experts"))
+    if want("prefetch_experts"):
+        argv.append(need("--prefetch-experts", "inference_service_prefetch_experts"))
+    if want("split_mode_graph"):
+        if int(opts.get("gpus") or 0) < 2:
+            _fail("-sm graph splits each layer over several GPUs; this node has %d: switch "
+                  "inference_service_split_mode_graph off" % int(opts.get("gpus") or 0))
+        argv += [need("-sm", "inference_service_split_mode_graph"), "graph"]
+    if want("mtp"):
+        if int(opts.get("mtp_layers") or 0) <= 0:
+            _fail("the model has no MTP layers (GGUF %s.nextn_predict_layers is 0 or absent): switch "
+                  "inference_service_mtp off" % (opts.get("arch") or "<arch>"))
+        # the table's items carry the value (--spec-type mtp); a build record's name list does not, but it lists
+        # --spec-type only from the commit on that takes "mtp", and -mtp only before it
+        if "-mtp" not in accepted and "--spec-type" in accepted and accepted["--spec-type"] in ("mtp", None):
+            argv += ["--spec-type", "mtp"]
+        else:
+            argv.append(need("-mtp", "inference_service_mtp"))
+    return argv
 
 
 # --kt-expert-placement-strategy's choices in sglang-kt's parser (kvcache-ai/sglang server_args.py: the same at
@@ -260,7 +325,7 @@ def kt_argv(opts):
 
 DRY_PARSE_MODEL = "/nonexistent/hmk-dry-parse.gguf"
 PARSE_REFUSALS = re.compile(r"(unknown argument|invalid argument|invalid parameter|error while handling argument|"
-                            r"unknown value for|^usage: |failed to open file)", re.IGNORECASE)
+                            r"unknown value for|legacy \S+ option '[^']*' is disabled|^usage: |failed to open file)", re.IGNORECASE)
 
 
 def dry_parse_argv(argv):
@@ -318,8 +383,8 @@ def systemd_word(value):
 
 # ------------------------------------------------------------------------------------------ the model
 
-def model_is_mla(arch):
-    return str(arch or "") in MLA_ARCHS
+def model_is_mla(arch, engine="ik_llama.cpp", commit_date=""):
+    return hmk_engine_arch.is_mla(engine, commit_date, arch)
 
 
 def kv_cache_bytes(layout, ctx, ctk="q8_0", ctv="q8_0", mla=None):
@@ -568,22 +633,26 @@ def placement_plan(layout, vram, kv_bytes, compute_reserve=3 * GIB, overhead=GIB
     return plan
 
 
-# Host RAM the engine keeps besides the model's CPU-side weights: ik_llama.cpp's host prompt cache (-cram, 8192 MiB by
-# default at the pin) plus the CPU compute buffers and the OS; a plan that leaves less than this is called a miss.
-HOST_RESERVE = 16 * GIB
+# Host RAM the engine keeps besides the model's CPU-side weights and its prompt cache: the CPU compute buffers and
+# the OS. The prompt cache (-cram, 8192 MiB unless set: the engine's default at 55d3c05 and 8337e4cd) is counted on
+# top, at the size the service renders; with the default the two make the 16 GiB the plan has always reserved.
+HOST_RESERVE = 8 * GIB
+CACHE_RAM_MIB = 8192
 
 
-def memory_plan(layout, plan, ram_bytes, host_reserve=HOST_RESERVE):
+def memory_plan(layout, plan, ram_bytes, host_reserve=HOST_RESERVE, cache_ram=CACHE_RAM_MIB):
     """Whether a placement plan fits a node: every GPU's expected bytes inside its VRAM, and the weights the plan
-    leaves on the CPU side (the whole file less what the GPUs hold; mmap keeps them in the page cache) plus
-    host_reserve inside ram_bytes."""
+    leaves on the CPU side (the whole file less what the GPUs hold; mmap keeps them in the page cache) plus the
+    prompt cache (-cram, MiB) plus host_reserve inside ram_bytes."""
     total = int(layout.get("total_bytes") or 0)
     on_gpu = sum(int(g["weights_bytes"]) for g in plan["gpus"])
     ram_weights = max(total - on_gpu, 0)
-    need = ram_weights + int(host_reserve)
+    cache = cache_ram_mib(cache_ram) * 1024 * 1024
+    need = ram_weights + cache + int(host_reserve)
     vram_ok = all(g["expected_bytes"] <= g["vram_bytes"] for g in plan["gpus"])
     out = {
         "model_bytes": total, "gpu_weight_bytes": on_gpu, "ram_weight_bytes": ram_weights,
+        "prompt_cache_bytes": cache, "host_reserve_bytes": int(host_reserve),
         "ram_needed_bytes": need, "ram_bytes": int(ram_bytes), "fits_ram": need <= int(ram_bytes),
         "vram_needed_bytes": [int(g["expected_bytes"]) for g in plan["gpus"]],
         "vram_bytes": [int(g["vram_bytes"]) for g in plan["gpus"]], "fits_vram": vram_ok,
@@ -739,6 +808,8 @@ class FilterModule(object):
             "inference_service_gpu_vram": gpu_vram_bytes,
             "inference_service_plan": placement_plan,
             "inference_service_memory_plan": memory_plan,
+            "inference_service_is_mla": model_is_mla,
+            "inference_service_cache_ram_mib": cache_ram_mib,
             "inference_service_split_model": split_model,
             "inference_service_placement_proof": placement_proof,
             "inference_service_systemctl_show": systemctl_show,

@@ -21,6 +21,7 @@ try:
 except ImportError:  # imported without Ansible (unit tests in a bare interpreter)
     AnsibleFilterError = ValueError
 
+from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_engine_arch import flag_set_at
 from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_hardware import cpu_flags
 
 FULL_SHA = re.compile(r"^[0-9a-f]{40}\Z")
@@ -218,7 +219,8 @@ def check_pin(version, allow_unpinned=False):
 
 
 def engine_flag_set(table, engine, commit_date):
-    """The entry of the per-engine-version flag table that covers the commit date."""
+    """The entry of the per-engine-version flag table that covers the commit date, with only the flags whose own
+    since/until cover it (a flag past its until is listed as rejected)."""
     commit_date = str(commit_date or "")[:10]
     matches = []
     for entry in (table or {}).get(engine, []) or []:
@@ -230,7 +232,7 @@ def engine_flag_set(table, engine, commit_date):
         _fail("the engine flag table has %d entries for %s at commit date %s (need exactly one): "
               "add or fix the entry in llama_build_engine_flags before moving the pin"
               % (len(matches), engine, commit_date or "?"))
-    return matches[0]
+    return flag_set_at(matches[0], commit_date)
 
 
 def flag_argv(flag_set, key="accepted"):
@@ -253,7 +255,7 @@ def help_flags(flag_set):
 
 
 PARSE_ERRORS = re.compile(r"(unknown argument|invalid argument|invalid parameter|"
-                          r"error while handling argument|unknown value for)", re.IGNORECASE)
+                          r"error while handling argument|unknown value for|legacy \S+ option '[^']*' is disabled)", re.IGNORECASE)
 
 
 def parse_errors(output):

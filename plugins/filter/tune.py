@@ -72,10 +72,14 @@ OBJECTIVES = ("tg", "pp", "mix")
 # only caps the attention buffer. Prompt processing on a hybrid node copies CPU-resident experts to the GPU once
 # per micro-batch, so -ub comes first there, then the batch threads. Knobs that cannot move the objective (-ub
 # and the batch threads for generation) are not searched for it.
+# The opt-in engine flags come last (split_mode: -sm graph on several GPUs; defer_experts: --defer-experts): off in
+# the baseline, kept only when they win by the margin. --prefetch-experts and MTP speculative decoding are never
+# searched: llama-bench has neither (8337e4cd), and what they change (load time, accepted draft tokens) is not a
+# bench row.
 ORDER = {
-    "tg": ("gpu_layers", "threads", "numa", "rtr", "amb"),
-    "pp": ("ubatch", "threads_batch", "gpu_layers", "amb", "threads", "numa", "rtr"),
-    "mix": ("gpu_layers", "threads", "ubatch", "threads_batch", "numa", "rtr", "amb"),
+    "tg": ("gpu_layers", "threads", "numa", "rtr", "amb", "split_mode", "defer_experts"),
+    "pp": ("ubatch", "threads_batch", "gpu_layers", "amb", "threads", "numa", "rtr", "split_mode", "defer_experts"),
+    "mix": ("gpu_layers", "threads", "ubatch", "threads_batch", "numa", "rtr", "amb", "split_mode", "defer_experts"),
 }
 UBATCH_CANDIDATES = (4096, 2048, 1024, 512, 256)
 AMB_CANDIDATES = (256, 512, 1024)
@@ -93,6 +97,8 @@ TUNED_VARS = {
     "inference_service_gpu_compute_reserve_gib": float,
     "inference_service_numa_mode": str,
     "inference_service_run_time_repack": bool,
+    "inference_service_split_mode_graph": bool,
+    "inference_service_defer_experts": bool,
 }
 
 
@@ -239,6 +245,14 @@ def service_argv(argv, values, rules=None):
         argv = _without(argv, "-rtr", takes_value=False)
         if values["rtr"]:
             argv.append("-rtr")
+    if "split_mode" in values:
+        argv = _without(argv, "-sm")
+        if values["split_mode"] == "graph":
+            argv += ["-sm", "graph"]
+    if "defer_experts" in values:
+        argv = _without(argv, "--defer-experts", takes_value=False)
+        if values["defer_experts"]:
+            argv.append("--defer-experts")
     if rules is not None:
         argv = _without(argv, "-ot")
         for rule in rules:
@@ -327,6 +341,8 @@ def space(inputs):
         "gpu_layers": int(plan.get("gpu_layer_count") or 0),
         "numa": opts.get("--numa"),
         "rtr": "-rtr" in opts,
+        "split_mode": "graph" if opts.get("-sm") == "graph" else "layer",
+        "defer_experts": "--defer-experts" in opts,
     }
     dims, skipped = {}, {}
 
@@ -368,6 +384,15 @@ def space(inputs):
                if int(inputs.get("model_bytes") or 0) > RTR_MAX_RAM_FRACTION * int(inputs.get("mem_bytes") or 0)
                else "")
     offer("rtr", [baseline["rtr"], not baseline["rtr"]], rtr_why)
+    gpus = len(context["vram_bytes"])
+    offer("split_mode", [baseline["split_mode"], "graph", "layer"],
+          "one GPU or none: -sm graph splits a layer over several" if gpus < 2
+          else "llama-bench has no -sm or the server no -sm" if "-sm" not in listed or "-sm" not in accepted else "")
+    offer("defer_experts", [baseline["defer_experts"], not baseline["defer_experts"]],
+          "" if "--defer-experts" in listed and "--defer-experts" in accepted
+          else "llama-bench or the server lacks --defer-experts (ik_llama.cpp from 8337e4cd)")
+    skipped["prefetch_experts"] = "llama-bench has no --prefetch-experts; it changes load time, not a bench row"
+    skipped["mtp"] = "llama-bench runs no speculative decoding; measure -mtp / --spec-type mtp with requests"
     if baseline["numa"] is None:
         baseline.pop("numa")
     return {
@@ -521,6 +546,10 @@ def service_vars(state, values):
         "inference_service_ubatch": int(values["ubatch"]),
         "inference_service_run_time_repack": bool(values["rtr"]),
     }
+    if "split_mode" in state["dims"] or values.get("split_mode") == "graph":
+        out["inference_service_split_mode_graph"] = values.get("split_mode") == "graph"
+    if "defer_experts" in state["dims"] or values.get("defer_experts"):
+        out["inference_service_defer_experts"] = bool(values.get("defer_experts"))
     if values.get("amb") is not None:
         out["inference_service_amb"] = int(values["amb"])
     if values.get("numa"):

@@ -208,8 +208,8 @@ def _server_options(argv):
 def bench_argv(server_argv, help_text, binary):
     """llama-bench arguments for the service's own settings, keeping only the flags this llama-bench accepts.
 
-    Maps -m, -t (with -tb as ik's -tgb pair), -rtr, -ngl, -b, -ub, -ctk, -ctv, -mla, -amb, -fa, -fmoe, --numa and -ot
-    of the llama-server argv. Returns
+    Maps -m, -t (with -tb as ik's -tgb pair), -rtr, -ngl, -b, -ub, -ctk, -ctv, -mla, -amb, -fa, -fmoe, -sm,
+    --defer-experts, --numa and -ot of the llama-server argv. Returns
     {"base": [binary and flags], "mapped": [...], "dropped": [flags of the service the bench does not accept]};
     bench_command adds the sizes of a pp or tg run.
     """
@@ -251,6 +251,19 @@ def bench_argv(server_argv, help_text, binary):
                 mapped.append(flag)
             else:
                 dropped.append(flag)
+    # the opt-in engine flags (issue 25): -sm graph with its value, --defer-experts bare, in both tools' spelling
+    if "-sm" in options:
+        if "-sm" in accepted:
+            argv += ["-sm", options["-sm"][-1]]
+            mapped.append("-sm")
+        else:
+            dropped.append("-sm")
+    if "--defer-experts" in options:
+        if "--defer-experts" in accepted:
+            argv.append("--defer-experts")
+            mapped.append("--defer-experts")
+        else:
+            dropped.append("--defer-experts")
     if "--numa" in options:
         if "--numa" in accepted:
             argv += ["--numa", options["--numa"][-1]]

@@ -14,11 +14,19 @@ Sources:
   ../shared/sources/ik_llama.cpp/ik_llama.cpp-8337e4cd-src.tar.gz; it adds the names in IK_ARCHS_ADDED_8337E4CD
   and removes none.
 A commit the table does not know is not judged here (its own load says it); add its list when pinning it.
-Pure Python: the model_sync filters and the unit tests import it.
+
+It also holds what the service's flags depend on at a commit: which architectures the engine treats as MLA
+(multi-head latent attention: -mla, -amb and the latent KV cache apply to these only), read from the same two
+sources (55d3c05: the `is_mla_attn = arch == ... || ...` test in src/llama-model.cpp and src/llama.cpp;
+8337e4cd: `llama_model::is_mla_model()` in src/llama-model.h), and which of a llama_build_engine_flags entry's
+flags a commit date accepts (flag_set_at), for the build's smoke check and the service alike.
+Pure Python: the model_sync, llama_build and inference_service filters and the unit tests import it.
 """
 from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
+
+import re
 
 IK_PIN = "55d3c05bf7b377deaa5dc84d255d9740a345a206"
 IK_NEWEST = "8337e4cd3861406fc04e0854b1409cd1b027fbc9"
@@ -38,6 +46,10 @@ IK_ARCHS_ADDED_8337E4CD = frozenset((
     "mellum", "minimax-m3", "muse-glimmer", "openpangu",
 ))
 
+# is_mla_model() (8337e4cd) / is_mla_attn (55d3c05): the architectures whose attention is MLA.
+IK_MLA_ARCHS_55D3C05 = frozenset(("deepseek2", "glm-dsa", "mistral4"))
+IK_MLA_ARCHS_ADDED_8337E4CD = frozenset(("bailingmoe3",))
+
 # engine -> {full commit: (commit date, architectures that commit loads)}
 ENGINE_ARCHS = {
     "ik_llama.cpp": {
@@ -45,6 +57,79 @@ ENGINE_ARCHS = {
         IK_NEWEST: ("2026-08-15", IK_ARCHS_55D3C05 | IK_ARCHS_ADDED_8337E4CD),
     },
 }
+
+
+# engine -> {full commit: (commit date, MLA architectures of that commit)}
+ENGINE_MLA_ARCHS = {
+    "ik_llama.cpp": {
+        IK_PIN: ("2026-04-13", IK_MLA_ARCHS_55D3C05),
+        IK_NEWEST: ("2026-08-15", IK_MLA_ARCHS_55D3C05 | IK_MLA_ARCHS_ADDED_8337E4CD),
+    },
+}
+
+
+def mla_archs(engine, commit_date):
+    """The MLA architectures of `engine` at a commit date: the list of the newest commit read on or before that
+    date (the oldest list for an older commit). By date, not SHA: a fixture or mirror repository rewrites the SHA.
+    Mainline llama.cpp has no -mla (empty)."""
+    table = ENGINE_MLA_ARCHS.get(str(engine or ""))
+    if not table:
+        return frozenset()
+    dated = sorted(table.values(), key=lambda item: item[0])
+    date = str(commit_date or "")[:10]
+    chosen = dated[0][1]
+    for since, names in dated:
+        if since <= date:
+            chosen = names
+    return chosen
+
+
+def is_mla(engine, commit_date, arch):
+    """Whether `engine` at that commit date runs GGUF architecture `arch` with MLA."""
+    return str(arch or "") in mla_archs(engine, commit_date)
+
+
+# --------------------------------------------------------------------- readers of the engine's own sources
+
+def read_arch_names(llama_arch_cpp):
+    """{LLM_ARCH_X: 'name'} of src/llama-arch.cpp's LLM_ARCH_NAMES table (without LLM_ARCH_UNKNOWN)."""
+    found = re.findall(r'\{\s*(LLM_ARCH_[A-Z0-9_]+)\s*,\s*"([^"]+)"\s*\}', llama_arch_cpp)
+    return dict((enum, name) for enum, name in found if enum != "LLM_ARCH_UNKNOWN")
+
+
+def read_mla_archs(sources, arch_names):
+    """The architecture names the engine treats as MLA: every `is_mla_model() { return arch == ... }` body
+    (8337e4cd, src/llama-model.h) or `is_mla_attn = [model.]arch == ... || ...` test (55d3c05), in any of the
+    given source texts; the enums mapped to names with read_arch_names' table."""
+    tests = []
+    for text in sources:
+        tests += re.findall(r"is_mla_model\(\)\s*const\s*\{\s*return\s+([^;]+);", text)
+        tests += re.findall(r"\bis_mla_attn\s*=\s*((?:(?:model\.)?arch\s*==\s*LLM_ARCH_\w+\s*(?:\|\|\s*)?)+)", text)
+    enums = set(e for test in tests for e in re.findall(r"LLM_ARCH_\w+", test))
+    return frozenset(arch_names[e] for e in enums if e in arch_names)
+
+
+def flag_set_at(entry, commit_date):
+    """A llama_build_engine_flags entry as one commit date sees it: `accepted` keeps the flags whose own `since`
+    (inclusive) and `until` (exclusive) dates cover the date; a flag past its `until` joins `rejected` (the smoke
+    check proves the binary refuses it). Entries without per-flag dates come back unchanged."""
+    date = str(commit_date or "")[:10]
+    accepted, rejected = [], list((entry or {}).get("rejected") or [])
+    for item in (entry or {}).get("accepted") or []:
+        if not isinstance(item, dict):
+            accepted.append(item)
+            continue
+        since, until = str(item.get("since") or ""), str(item.get("until") or "")
+        if until and date >= until:
+            if str(item["flag"]) not in rejected:
+                rejected.append(str(item["flag"]))
+            continue
+        if since and date < since:
+            continue
+        accepted.append(item)
+    out = dict(entry or {})
+    out.update(accepted=accepted, rejected=rejected)
+    return out
 
 
 def known_archs(engine, commit):

@@ -27,7 +27,10 @@ LAYER_TENSOR = re.compile(r"^blk\.(\d+)\.")
 LAYOUT_KEYS = ("block_count", "context_length", "embedding_length", "expert_count", "expert_used_count",
                "expert_shared_count", "leading_dense_block_count", "attention.head_count",
                "attention.head_count_kv", "attention.key_length", "attention.value_length",
-               "attention.kv_lora_rank", "rope.dimension_count")
+               "attention.kv_lora_rank", "rope.dimension_count",
+               # MTP layers (speculative decoding): LLM_KV_NEXTN_PREDICT_LAYERS "%s.nextn_predict_layers" in
+               # ik_llama.cpp's src/llama-arch.cpp at 55d3c05 and 8337e4cd.
+               "nextn_predict_layers")
 
 
 class GGUFError(Exception):

@@ -36,7 +36,7 @@ NEW = ("kimi-k2-thinking-q4_x", "glm-4.6-ud-q3_k_xl", "qwen3-coder-480b-a35b-ud-
 MACHINES = dict((m[0], m) for m in table.MACHINES)
 
 # The plan per model and seed machine: fits?, MoE layers whose experts go to GPUs, GiB each GPU is expected to hold,
-# GiB of RAM needed (CPU-side weights + 16 GiB host reserve). Genoa has 384 GB (357.6 GiB), Milan 512 GB (476.8 GiB).
+# GiB of RAM needed (CPU-side weights + 8 GiB -cram prompt cache + 8 GiB host reserve). Genoa has 384 GB (357.6 GiB), Milan 512 GB (476.8 GiB).
 PLANS = {
     ("kimi-k2-thinking-q4_x", "genoa-1x4090"): (False, 0, [16.03], 548.7),
     ("kimi-k2-thinking-q4_x", "genoa-1x5090"): (False, 1, [24.89], 539.9),
@@ -114,7 +114,8 @@ def test_the_plan_on_each_seed_machine(model, machine):
     assert mem["fits_ram"] is fits
     # what the GPUs do not hold stays on the CPU side
     on_gpu = sum(g["weights_bytes"] for g in plan["gpus"])
-    assert mem["ram_needed_bytes"] == layout["total_bytes"] - on_gpu + svc.HOST_RESERVE
+    assert mem["ram_needed_bytes"] == layout["total_bytes"] - on_gpu + mem["prompt_cache_bytes"] + svc.HOST_RESERVE
+    assert mem["prompt_cache_bytes"] == 8192 * 1024 * 1024  # -cram at the engine's default, rendered explicitly
 
 
 def test_kimi_k2_thinking_misses_even_the_largest_genoa():
@@ -170,7 +171,6 @@ def test_a_commit_the_kit_has_not_read_is_not_judged():
 def test_the_arch_list_at_the_pin_is_the_engines_own():
     """The list in hmk_engine_arch is llama-arch.cpp's LLM_ARCH_NAMES at 55d3c05, read from the fixture repository."""
     import os
-    import re
     fixture = Path(os.environ.get("HMK_CACHE", "/var/cache/hybrid-moe-kit")) / "fixtures" / "ik_llama.cpp.git"
     assert fixture.is_dir(), "no ik_llama.cpp fixture repository at %s: run scripts/lab-fixtures (make unit does)" % fixture
     commits = subprocess.run(["git", "-C", str(fixture), "log", "--all", "--format=%H %s"], capture_output=True,
@@ -178,7 +178,7 @@ def test_the_arch_list_at_the_pin_is_the_engines_own():
     commit = next(c.split()[0] for c in commits if hmk_engine_arch.IK_PIN in c)
     source = subprocess.run(["git", "-C", str(fixture), "show", commit + ":src/llama-arch.cpp"], capture_output=True,
                             text=True, check=True).stdout
-    names = set(re.findall(r'\{\s*LLM_ARCH_[A-Z0-9_]+,\s*"([^"]+)"\s*\}', source)) - {"(unknown)"}
+    names = set(hmk_engine_arch.read_arch_names(source).values())
     assert names == set(hmk_engine_arch.IK_ARCHS_55D3C05)
 
 

@@ -28,6 +28,8 @@ MOVED = [
     ("Validation and the roofline", OG, ["validate-roofline.png"]),
     ("The answer probe: right answers, not only answers", OG, ["answer_probes.yml"]),
     ("Tuning the engine's flags (`playbooks/tune.yml`)", OG, ["tune_objective", "tune_budget_minutes"]),
+    ("Engine decisions made explicit, and opt-in engine flags", OG,
+     ["inference_service_cache_ram_mib", "inference_service_split_mode_graph", "tests/unit/test_engine_flags.py"]),
     ("Metrics and the dashboard (`playbooks/monitoring.yml`)", OG, []),
     ("GPUs: verified where", OG, ["molecule/gpu_devices"]),
     ("Day 2: upgrades, model swaps, diagnosis", OG, []),

@@ -430,3 +430,43 @@ def test_the_state_is_plain_data_ansible_can_carry_between_tasks():
     state, _unused = run_search(state, lambda v: (500.0, 50.0))
     assert json.loads(json.dumps(state)) == state
     assert list(itertools.islice(state["trials"], 1))[0]["dimension"] == "baseline"
+
+
+# ------------------------------------------------------------------ the opt-in engine flags as knobs (issue 25 item 2)
+
+IK_NEWEST = svc.engine_flag_set(yaml.safe_load((REPO / "roles" / "llama_build" / "defaults" / "main.yml").read_text())
+                                ["llama_build_engine_flags"], "ik_llama.cpp", "2026-08-15")
+# llama-bench --help at 8337e4cd adds this line (examples/llama-bench/llama-bench.cpp); it has no --prefetch-experts
+IK_NEWEST_BENCH_HELP = IK_BENCH_HELP + "  --defer-experts                     (Linux only, default: 0)\n"
+
+
+def test_split_mode_graph_is_searched_on_several_gpus_only():
+    state = state_for(r1_layout(), MILAN_4X4090)
+    assert state["dims"]["split_mode"] == ["layer", "graph"] and state["order"][-1] == "split_mode"
+    one = state_for(r1_layout(), GENOA_5090)
+    assert "split_mode" not in one["dims"] and "one GPU" in one["skipped"]["split_mode"]
+    graph = tune.candidates(dict(state, incumbent={"values": state["baseline"], "score": 1.0, "trial": 0}), "split_mode")
+    assert [c["values"]["split_mode"] for c in graph] == ["graph"]
+    argv = tune.trial_argv(state, graph[0]["values"])
+    assert argv[argv.index("-sm") + 1] == "graph"
+    assert tune.service_vars(state, graph[0]["values"])["inference_service_split_mode_graph"] is True
+    assert tune.tuned_vars({"schema": tune.TUNED_SCHEMA, "vars": {"inference_service_split_mode_graph": True}})
+
+
+def test_defer_experts_is_searched_where_the_bench_and_the_server_have_it():
+    pin = state_for(r1_layout(), GENOA_5090)
+    assert "defer_experts" not in pin["dims"] and "8337e4cd" in pin["skipped"]["defer_experts"]
+    deployment, plan = deployment_for(r1_layout(), GENOA_5090, threads=32, accepted=IK_NEWEST)
+    newest = tune.space({
+        "deployment": deployment, "plan": plan, "help": IK_NEWEST_BENCH_HELP, "binary": BENCH,
+        "accepted": [i["flag"] for i in IK_NEWEST["accepted"]], "cores": 32, "vcpus": 32, "mem_bytes": 512 * GIB,
+        "numa_nodes": 1, "model_bytes": 355 * GIB, "vram_bytes": svc.gpu_vram_bytes(GENOA_5090),
+        "reserve_bytes": 3 * GIB, "overhead_bytes": GIB, "objective": tune.objective("tg", 2048, 128),
+        "budget_seconds": 3600, "min_gain": 0.03, "repetitions": 3, "started_at": 1000.0})
+    assert newest["dims"]["defer_experts"] == [False, True]
+    assert "--defer-experts" not in tune.trial_argv(newest, newest["baseline"])  # off in the baseline
+    values = dict(newest["baseline"], defer_experts=True)
+    assert "--defer-experts" in tune.trial_argv(newest, values)
+    assert tune.service_vars(newest, values)["inference_service_defer_experts"] is True
+    for never in ("prefetch_experts", "mtp"):
+        assert never in newest["skipped"] and never not in newest["dims"]
