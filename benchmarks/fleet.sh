@@ -129,7 +129,7 @@ ansible-playbook "${inv[@]}" site.yml "${fleet_opts[@]}" > "$logs/fail-run.log" 
 pid=$!
 # Stopped while it compiles the engine, well inside its rebuild. (Stopped inside an apt-get install instead, the
 # node's dpkg is left interrupted and the re-run's first apt task fails until `dpkg --configure -a` is run.)
-until grep -q "TASK \[hmk.moe_kit.llama_build : The compiler has produced" "$logs/fail-run.log" 2>/dev/null \
+until grep -q "TASK \[hmk.moe_kit.llama_build : Checked at each poll, the compiler has produced" "$logs/fail-run.log" 2>/dev/null \
       || ! kill -0 "$pid" 2>/dev/null; do sleep 1; done
 sleep 3
 docker stop "hmk-$failing" >/dev/null

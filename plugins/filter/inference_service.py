@@ -22,7 +22,8 @@ try:
 except ImportError:  # imported without Ansible (unit tests in a bare interpreter)
     AnsibleFilterError = ValueError
 
-from ansible_collections.hmk.moe_kit.plugins.module_utils import hmk_engine_arch, hmk_engine_log, hmk_nvidia_devices
+from ansible_collections.hmk.moe_kit.plugins.module_utils import (hmk_answer_probe, hmk_engine_arch, hmk_engine_log,
+                                                                 hmk_nvidia_devices)
 
 GIB = 1024 ** 3
 GB = 1000 ** 3
@@ -792,6 +793,15 @@ def config_hash(value):
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
 
 
+def answer_plan(model_path, data, catalog, family="auto", extra=None):
+    """The answer probes the gate runs for the served model (hmk_answer_probe.plan): {family, model_id, probes,
+    markers, reason}; empty probes, with the reason, for a model of the `none` family or one no catalog entry lists."""
+    try:
+        return hmk_answer_probe.plan(data or {}, catalog or {}, model_path, family or "auto", extra or [])
+    except ValueError as exc:
+        raise AnsibleFilterError(str(exc))
+
+
 class FilterModule(object):
     """inference_service filters."""
 
@@ -820,4 +830,5 @@ class FilterModule(object):
             "inference_service_ready_timeout": ready_timeout,
             "inference_service_config_hash": config_hash,
             "inference_service_file_entry": file_entry,
+            "inference_service_answer_plan": answer_plan,
         }, AnsibleFilterError)

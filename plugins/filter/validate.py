@@ -18,6 +18,7 @@ import json
 import re
 
 from ansible_collections.hmk.moe_kit.plugins.module_utils import hmk_hardware as hw
+from ansible_collections.hmk.moe_kit.plugins.module_utils import hmk_perplexity
 
 from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_validate import guard_filters
 
@@ -444,6 +445,9 @@ def report(inputs):
                   "tokens_per_joule": tokens_per_joule(tg_tps, cpu, gpu)},
         "published": inputs.get("seeds") or unavailable("no seed table"),
         "tuning": tuning,
+        # Whether the answers are right (the gate's probes again) and the perplexity over the kit's text holds.
+        "answers": inputs.get("answers") or {"status": "skipped", "reason": "the answer probe was not run"},
+        "perplexity": inputs.get("perplexity") or {"status": "skipped", "reason": "llama-perplexity was not run"},
     }
     return result
 
@@ -519,6 +523,13 @@ def report_markdown(rep):
         lines.append("| llama-bench %s | %s |" % (
             kind, ("%s%d: %.2f +/- %.2f tok/s" % (kind, part["tokens"], part["tps"], part["stddev_tps"]))
             if part.get("available") else _fmt(part)))
+    answers, perplexity = rep.get("answers") or {}, rep.get("perplexity") or {}
+    if answers:
+        lines.append("| answer probe | %s%s |" % (answers.get("status"), (" (family %s): %s" % (
+            answers.get("family"), str(answers.get("reason", "")).replace("|", "\\|")[:300]))))
+    if perplexity:
+        lines.append("| perplexity | %s: %s |" % (perplexity.get("status"),
+                                                 str(perplexity.get("reason", "")).replace("|", "\\|")[:300]))
     measured, theoretical = bw["measured"], bw["theoretical"]
     lines.append("| memory bandwidth | %s measured (read; triad %s), %s theoretical |" % (
         _fmt(measured.get("read_gbps") if measured.get("available") else measured, " GB/s"),
@@ -624,6 +635,37 @@ def _json_text(text):
     return '"%s"' % (text[:80] + ("..." if len(text) > 80 else ""))
 
 
+def perplexity_command(server_argv, binary, text_path, ctx=256, chunks=8):
+    """llama-perplexity's argv at the service's settings over the kit's text (hmk_perplexity.command)."""
+    try:
+        return hmk_perplexity.command(server_argv, binary, text_path, ctx, chunks)
+    except ValueError as exc:
+        _fail(str(exc))
+
+
+def perplexity_judge(run, record, key, tolerance_pct, catalog_value=None, text_name="", ctx=0):
+    """The perplexity result of one run ({rc, stdout, stderr} of the command, or {skipped, skip_reason}) against the
+    baseline: {status, ppl, error, chunks, n_ctx, baseline, rise_pct, reason}. status: skipped, failed, recorded
+    (the first good value, to be kept), ok or regressed."""
+    run = run or {}
+    if run.get("skipped"):
+        return {"status": "skipped", "reason": run.get("skip_reason") or "llama-perplexity was not run"}
+    result = hmk_perplexity.read("%s\n%s" % (run.get("stdout") or "", run.get("stderr") or ""))
+    if int(run.get("rc") or 0) != 0 and not result["ok"]:
+        result["reason"] = "llama-perplexity exited %s: %s (%s)" % (
+            run.get("rc"), result["reason"], (run.get("stderr") or "")[-300:].strip())
+    base = hmk_perplexity.baseline(record, key, catalog_value, text_name, ctx)
+    verdict = hmk_perplexity.verdict(result, base, tolerance_pct)
+    return {"status": verdict["status"], "ppl": result["ppl"], "error": result["error"],
+            "chunks": result["chunks"], "n_ctx": result["n_ctx"], "baseline": base,
+            "rise_pct": verdict["rise_pct"], "reason": verdict["reason"]}
+
+
+def perplexity_key(deployment, text_sha256, ctx):
+    """The key a recorded perplexity is kept under (the model, the text and the context)."""
+    return hmk_perplexity.baseline_key(deployment or {}, text_sha256, ctx)
+
+
 class FilterModule(object):
     """Filters of the validate role."""
 
@@ -638,4 +680,7 @@ class FilterModule(object):
             "validate_report": report,
             "validate_report_markdown": report_markdown,
             "validate_chart_spec": chart_spec,
+            "validate_perplexity_command": perplexity_command,
+            "validate_perplexity_judge": perplexity_judge,
+            "validate_perplexity_key": perplexity_key,
         }, AnsibleFilterError)

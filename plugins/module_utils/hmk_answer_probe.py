@@ -47,20 +47,46 @@ CHARGRAM_DISTINCT = 0.3
 
 
 def request_body(probe, model, seed=DEFAULT_SEED, extra=None):
-    """The OpenAI-compatible /v1/chat/completions body of one probe: greedy (temperature 0, top_k 1), a fixed
-    seed, the probe's max_tokens, its system message and chat template arguments when it has them (Qwen3's
-    enable_thinking: llama-server honours chat_template_kwargs with --jinja), and `extra` (engine-specific keys
-    such as llama-server's cache_prompt: false, so a re-run processes the prompt again)."""
-    messages = []
-    if probe.get("system"):
-        messages.append({"role": "system", "content": probe["system"]})
-    messages.append({"role": "user", "content": probe["prompt"]})
-    body = {"model": model, "messages": messages, "temperature": 0, "top_k": 1, "seed": int(seed),
+    """The OpenAI-compatible body of one probe: greedy (temperature 0, top_k 1), a fixed seed, the probe's
+    max_tokens, and `extra` (engine-specific keys such as llama-server's cache_prompt: false, so a re-run processes
+    the prompt again).
+
+    A chat probe (the default) goes to /v1/chat/completions with its system message and chat template arguments
+    when it has them (Qwen3's enable_thinking: llama-server honours chat_template_kwargs with --jinja). A probe with
+    `endpoint: completions` goes to /v1/completions as raw text with its `stop` strings: a pretrained base model
+    (the bed's Gemma 3 270M) continues text, it was never taught to answer a chat turn."""
+    body = {"model": model, "temperature": 0, "top_k": 1, "seed": int(seed),
             "max_tokens": int(probe.get("max_tokens") or DEFAULT_MAX_TOKENS), "stream": False}
-    if probe.get("chat_template_kwargs"):
-        body["chat_template_kwargs"] = dict(probe["chat_template_kwargs"])
+    if endpoint(probe) == "completions":
+        body["prompt"] = probe["prompt"]
+        if probe.get("stop"):
+            body["stop"] = list(probe["stop"])
+    else:
+        messages = []
+        if probe.get("system"):
+            messages.append({"role": "system", "content": probe["system"]})
+        messages.append({"role": "user", "content": probe["prompt"]})
+        body["messages"] = messages
+        if probe.get("chat_template_kwargs"):
+            body["chat_template_kwargs"] = dict(probe["chat_template_kwargs"])
     body.update(extra or {})
     return body
+
+
+ENDPOINTS = ("chat", "completions")
+
+
+def endpoint(probe):
+    """chat or completions: the API a probe is sent to."""
+    return probe.get("endpoint") or "chat"
+
+
+def probe_url(chat_url, probe):
+    """The URL of one probe, from the service's chat completions URL: a completions probe goes to the same server's
+    /v1/completions."""
+    if endpoint(probe) == "completions" and chat_url.endswith("/chat/completions"):
+        return chat_url[:-len("/chat/completions")] + "/completions"
+    return chat_url
 
 
 def split_reply(message):
@@ -237,7 +263,8 @@ def judge(probe, message, markers=()):
 
 
 def reply_message(status, body):
-    """choices[0].message of a chat completion's JSON, or (None, why) when the reply is not one."""
+    """choices[0].message of a chat completion's JSON (a text completion's choices[0].text as {"content": text}),
+    or (None, why) when the reply is not one."""
     if status == 0:
         return None, "no HTTP answer (%s)" % (body.get("error") if isinstance(body, dict) else body)
     if status in (401, 403):
@@ -245,9 +272,11 @@ def reply_message(status, body):
     if status != 200:
         return None, "HTTP %d: %s" % (status, str(body)[:300])
     try:
-        message = body["choices"][0]["message"]
+        choice = body["choices"][0]
+        message = choice["message"] if "message" in choice or "text" not in choice else {"content": choice["text"]}
     except (KeyError, IndexError, TypeError):
-        return None, "the reply is not a chat completion (no choices[0].message): %s" % str(body)[:300]
+        return None, ("the reply is not a completion (no choices[0].message, no choices[0].text): %s"
+                      % str(body)[:300])
     if not isinstance(message, dict):
         return None, "choices[0].message is not an object"
     return message, None
@@ -278,4 +307,103 @@ def probe_set(data, entry, extra=()):
             probes[names.index(probe["name"])] = dict(probe)
         else:
             probes.append(dict(probe))
+    # A family whose models answer only raw text (a base model) sends every probe, the user's too, that way.
+    for probe in probes:
+        probe.setdefault("endpoint", fam.get("endpoint") or "chat")
     return family, probes
+
+
+PROBE_KEYS = ("name", "prompt", "system", "endpoint", "stop", "max_tokens", "min_words", "chat_template_kwargs",
+              "expect", "families")
+EXPECT_KEYS = ("exact", "number", "contains", "any_of")
+
+
+def _strings(value):
+    return isinstance(value, list) and value and all(isinstance(v, str) and v for v in value)
+
+
+def probe_problem(probe):
+    """What is wrong with one probe of the user's (inference_service_answer_probes), as the words after
+    "refused:", or None."""
+    if not isinstance(probe, dict):
+        return "a probe is a mapping with name, prompt and expect"
+    unknown = sorted(set(probe) - set(PROBE_KEYS))
+    if unknown:
+        return "unknown key(s) %s; a probe takes %s" % (", ".join(unknown), ", ".join(PROBE_KEYS))
+    if not isinstance(probe.get("name"), str) or not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", probe["name"]):
+        return "name is 1 to 64 letters, digits, '.', '_' or '-'"
+    if not isinstance(probe.get("prompt"), str) or not probe["prompt"].strip():
+        return "prompt is a non-empty string"
+    if endpoint(probe) not in ENDPOINTS:
+        return "endpoint is chat or completions"
+    for key, low in (("max_tokens", 1), ("min_words", 1)):
+        value = probe.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not low <= value <= 32768):
+            return "%s is an integer from %d to 32768" % (key, low)
+    for key in ("stop", "families"):
+        if key in probe and not _strings(probe[key]):
+            return "%s is a list of non-empty strings" % key
+    if "chat_template_kwargs" in probe and not isinstance(probe["chat_template_kwargs"], dict):
+        return "chat_template_kwargs is a mapping"
+    expect = probe.get("expect")
+    if not isinstance(expect, dict) or not expect:
+        return "expect is a mapping with one or more of %s (a probe without one judges nothing)" % ", ".join(
+            EXPECT_KEYS)
+    if set(expect) - set(EXPECT_KEYS):
+        return "expect takes %s, not %s" % (", ".join(EXPECT_KEYS), ", ".join(sorted(set(expect) - set(EXPECT_KEYS))))
+    if "number" in expect and (isinstance(expect["number"], bool) or not isinstance(expect["number"], (int, float))
+                               or expect["number"] != expect["number"]):
+        return "expect.number is a finite number"
+    if "exact" in expect and not (isinstance(expect["exact"], (str, int)) and str(expect["exact"]).strip()):
+        return "expect.exact is a non-empty string"
+    for key in ("contains", "any_of"):
+        if key in expect and not _strings(expect[key]):
+            return "expect.%s is a list of non-empty strings" % key
+    return None
+
+
+def catalog_entry(catalog, model_path):
+    """(id, entry) of the catalog entry that lists the served file (the basename of the service's -m path; for a
+    split model, its first part), or (None, None)."""
+    name = str(model_path or "").rstrip("/").rsplit("/", 1)[-1]
+    for model_id in sorted(catalog or {}):
+        entry = catalog[model_id] or {}
+        if name and name in [f.get("name") for f in entry.get("files") or [] if isinstance(f, dict)]:
+            return model_id, entry
+    return None, None
+
+
+def plan(data, catalog, model_path, family="auto", extra=()):
+    """What the gate, validate and tune probe for the served model: {family, model_id, probes, markers, reason}.
+
+    family auto: the catalog entry listing the served file decides (probe_set); a file no entry lists runs no probe,
+    since its family would be a guess and a wrong set fails a working node (name one with `family`). Any other
+    `family` names the set outright. An empty `probes` means no probe runs, and `reason` says why in words the gate
+    prints."""
+    model_id, entry = catalog_entry(catalog, model_path)
+    if family and family != "auto":
+        if family not in (data.get("families") or {}):
+            raise ValueError("answer probe family %r is not one of %s" % (
+                family, ", ".join(sorted(data.get("families") or {}))))
+        fam, probes = probe_set(data, {"answer_probes": family}, extra)
+        origin = "set by inference_service_answer_probe_family"
+    elif entry is None:
+        return {"family": "none", "model_id": None, "probes": [], "markers": [],
+                "reason": "no catalog entry lists %s, so its answer probe family is unknown: no answer probe runs "
+                          "(set inference_service_answer_probe_family to probe it)"
+                          % str(model_path).rsplit("/", 1)[-1]}
+    else:
+        fam, probes = probe_set(data, entry, extra)
+        origin = "catalog entry %s" % model_id
+    markers = list(((data.get("families") or {}).get(fam) or {}).get("markers") or [])
+    if not probes:
+        why = ("its weights are random (a generated test model)" if (entry or {}).get("generator")
+               else "the family has no meaningful answers")
+        return {"family": fam, "model_id": model_id, "probes": [], "markers": markers,
+                "reason": "answer probe family %s (%s): %s, so no answer probe runs" % (fam, origin, why)}
+    out = {"family": fam, "model_id": model_id, "probes": probes, "markers": markers,
+           "reason": "answer probe family %s (%s): %d probes" % (fam, origin, len(probes))}
+    if (entry or {}).get("perplexity"):
+        # A published perplexity of this model over the kit's text (validate compares with it until it records one).
+        out["perplexity"] = dict(entry["perplexity"])
+    return out

@@ -19,6 +19,8 @@ import json
 import math
 import re
 
+from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_answer_probe import probe_problem
+
 __metaclass__ = type
 
 builtin_min, builtin_max = min, max  # the rules' options are named min and max, as the tables write them
@@ -547,7 +549,13 @@ def rule_gpu_arch(value, **_):
     return None
 
 
+def rule_answer_probe(value, **_):
+    # The probe's own rules live with its judge (one place for what a probe is).
+    return probe_problem(value)
+
+
 RULES = {
+    "answer_probe": rule_answer_probe,
     "text": rule_text, "secret": rule_secret, "component": rule_component, "abs_path": rule_abs_path,
     "rel_path": rule_rel_path, "url": rule_url, "git_url": rule_git_url, "rsync_source": rule_rsync_source,
     "int": rule_int, "number": rule_number, "bool": rule_bool, "choice": rule_choice, "ip": rule_ip,

@@ -14,6 +14,9 @@ description:
   - Posts each probe to an OpenAI-compatible C(/v1/chat/completions) URL as a greedy completion (temperature 0,
     top_k 1, a fixed I(seed), the probe's C(max_tokens)) and judges the answer with
     plugins/module_utils/hmk_answer_probe.py.
+  - A probe with C(endpoint=completions) is sent as raw text to the same server's C(/v1/completions) instead, with
+    its C(stop) strings, and C(choices[0].text) is judged, since a pretrained base model continues text and has no
+    chat turn to answer.
   - A probe passes when its final answer (after any C(<think>) block or C(reasoning_content)) holds what the probe
     expects (C(exact), C(number), C(contains), C(any_of), compared after normalising case, whitespace, thousands
     separators and a trailing period) and is not degenerate. Degenerate is an empty answer, fewer words than the
@@ -36,8 +39,9 @@ options:
     required: true
   probes:
     description:
-      - The probes, each with C(name), C(prompt), optional C(system), C(max_tokens), C(min_words),
-        C(chat_template_kwargs) and C(expect) (roles/inference_service/vars/answer_probes.yml describes them).
+      - The probes, each with C(name), C(prompt), optional C(endpoint) (C(chat), the default, or C(completions)),
+        C(stop), C(system), C(max_tokens), C(min_words), C(chat_template_kwargs) and C(expect)
+        (roles/inference_service/vars/answer_probes.yml describes them).
       - An empty list probes nothing and passes (the kit's generated test models have no meaningful answers).
     type: list
     elements: dict
@@ -113,6 +117,10 @@ from ansible_collections.hmk.moe_kit.plugins.module_utils import hmk_answer_prob
 from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_validate import check_all
 
 
+HINT = ("The model loads and answers, but not correctly: what that means and the engine issues and flags to try are "
+        "in the README, section 'Answer probe'.")
+
+
 def post(url, body, api_key, timeout):
     """(status, parsed JSON or {"error"/"body": ...}) of one completion; never raises. status 0: no HTTP answer."""
     headers = {"Content-Type": "application/json"}
@@ -137,7 +145,7 @@ def post(url, body, api_key, timeout):
 def run_probe(probe, params, api_key):
     body = judge_lib.request_body(probe, params["model"], params["seed"], params["extra_body"])
     start = time.time()
-    status, answer = post(params["url"], body, api_key, params["timeout"])
+    status, answer = post(judge_lib.probe_url(params["url"], probe), body, api_key, params["timeout"])
     message, why = judge_lib.reply_message(status, answer)
     if message is None:
         verdict = {"name": probe.get("name", ""), "passed": False, "reason": why, "prompt": probe["prompt"],
@@ -177,6 +185,9 @@ def main():
     for i, probe in enumerate(p["probes"]):
         if not isinstance(probe.get("prompt"), str) or not probe["prompt"].strip():
             refusals.append("probes[%d] (%s) has no prompt" % (i, probe.get("name", "")))
+        if judge_lib.endpoint(probe) not in judge_lib.ENDPOINTS:
+            refusals.append("probes[%d] (%s): endpoint is chat or completions, not %r"
+                            % (i, probe.get("name", ""), probe.get("endpoint")))
         if not isinstance(probe.get("expect") or {}, dict):
             refusals.append("probes[%d] (%s): expect is not a mapping" % (i, probe.get("name", "")))
     if refusals:
@@ -195,8 +206,8 @@ def main():
     if failed:
         lines = ["probe %s failed: %s. Prompt: %r. Answer: %r. Expected: %s." % (
             v["name"], v["reason"], v["prompt"], v["answer"][:400], v["expected"]) for v in failed]
-        module.fail_json(msg="%d of %d answer probes failed. %s" % (len(failed), len(verdicts), " ".join(lines)),
-                         **result)
+        module.fail_json(msg="%d of %d answer probes failed. %s %s" % (len(failed), len(verdicts), " ".join(lines),
+                                                                     HINT), **result)
     module.exit_json(msg="%d answer probes passed" % len(verdicts), **result)
 
 

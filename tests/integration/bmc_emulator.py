@@ -12,7 +12,9 @@ The extension behaves like a real BMC's pending settings:
 - the pending attributes become current at the next power-on or restart the fake driver completes (the driver
   itself delays each power transition by 1-11 s, as hardware does);
 - every applied settings job is counted in STATE.json's directory (applied.log), so a test can prove a second run
-  rebooted nothing.
+  rebooted nothing;
+- every PATCH/POST/DELETE the emulator receives is appended to requests.log (method, path, JSON body), so a test can
+  prove what the kit asked for (one-time boot, restart) and that a refused run sent nothing.
 """
 import json
 import sys
@@ -68,6 +70,17 @@ class BiosFakeDriver(fakedriver.FakeDriver):
         self._systems[system["uuid"]] = system
 
 
+def _log_request():
+    """Every request that changes something, as the BMC received it (the emulator's Boot PATCH ignores
+    BootSourceOverrideEnabled and always shows Continuous, so a test reads what the kit asked for here)."""
+    from flask import request
+    if request.method in ("PATCH", "POST", "DELETE"):
+        with open(STATE.parent / "requests.log", "a") as log:
+            log.write(json.dumps({"method": request.method, "path": request.path,
+                                  "body": request.get_json(silent=True)}, sort_keys=True) + "\n")
+
+
+emulator.app.before_request(_log_request)
 fakedriver.FakeDriver = BiosFakeDriver
 emulator.fakedriver.FakeDriver = BiosFakeDriver
 

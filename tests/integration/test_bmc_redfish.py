@@ -111,12 +111,13 @@ def bmc(tmp_path, request):
     log.close()
 
 
-def run_play(bmc, *extra, user=USER, password=PASSWORD, address=None, check=False):
+def run_play(bmc, *extra, user=USER, password=PASSWORD, address=None, check=False, node=None):
     """playbooks/baremetal.yml for one node whose BMC is the emulator; credentials travel in a vars file (mode 0600),
-    the way a vault would give them, never on the command line."""
+    the way a vault would give them, never on the command line. `node`: the node's connection (default: this machine,
+    which answers)."""
     work = bmc["dir"]
-    (work / "inventory.yml").write_text(json.dumps({"all": {"children": {"inference_nodes": {"hosts": {"epyc-node": {
-        "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}}}))
+    (work / "inventory.yml").write_text(json.dumps({"all": {"children": {"inference_nodes": {"hosts": {"epyc-node": (
+        node or {"ansible_connection": "local", "ansible_python_interpreter": sys.executable})}}}}}))
     secrets = work / "secrets.json"
     secrets.write_text(json.dumps({"bmc_username": user, "bmc_password": password}))
     secrets.chmod(0o600)
@@ -233,3 +234,125 @@ def test_unknown_vendor_reports_every_check_unknown(bmc):
     assert report["vendor"] == "unknown" and "Sushy Emulator" in report["vendor_name"]
     assert {c["observed"] for c in report["checks"]} == {"unknown"}
     assert report["planned"] == {}
+
+
+# ---- Installing the OS through virtual media (bmc_os_install) ----
+UUID = "27946b59-9e44-4fa7-8e91-f3527a1ef094"
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIH1mkEmB1pV9OY8Kp0m3G3x3oZ6yVw4yq0WmC8dYFQ0r hmk-kit@control"
+HASH = "$6$hmktestsalt$Zq0u3kQ5y7Wm9P1Q2rS3tU4vW5xY6zA7bC8dE9fG0hI1jK2lM3nO4pQ5rS6tU7vW8xY9zA0bC1dE2fG3hI4jK5"
+
+
+@pytest.fixture
+def mirror(tmp_path):
+    """The operator's mirror: a local http.server on 127.0.0.1 serving the installer ISO (a stand-in file: the
+    emulator downloads what it inserts, and nothing boots it) and the published seeds."""
+    import hashlib
+    import functools
+    import http.server
+    import threading
+    root = tmp_path / "www"
+    (root / "debian").mkdir(parents=True)
+    image = root / "debian" / "debian-12.8.0-amd64-netinst.iso"
+    image.write_bytes(b"hmk stand-in installer image\n" * 1000)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    base = "http://127.0.0.1:%d" % server.server_address[1]
+    yield {"root": root, "url": base + "/debian/" + image.name, "base": base,
+           "checksum": "sha256:" + hashlib.sha256(image.read_bytes()).hexdigest()}
+    server.shutdown()
+    server.server_close()
+
+
+def _install_vars(bmc, mirror, **more):
+    key = bmc["dir"] / "id_ed25519.pub"
+    key.write_text(KEY + "\n")
+    variables = {"bmc_os_install": True, "bmc_os_install_remaster": False, "bmc_fail_on_error": False,
+                 "bmc_os_install_image_url": mirror["url"], "bmc_os_install_image_checksum": mirror["checksum"],
+                 "bmc_os_install_publish_dir": str(mirror["root"] / "seeds"),
+                 "bmc_os_install_publish_url": mirror["base"] + "/seeds",
+                 "bmc_os_install_cache_dir": str(bmc["dir"] / "cache"),
+                 "bmc_os_install_ssh_public_key_file": str(key), "bmc_os_install_timeout": 5,
+                 "bmc_os_install_probe_timeout": 2}
+    variables.update(more)
+    return variables
+
+
+def _silent_node():
+    """A node without an OS: nothing answers SSH at its address."""
+    return {"ansible_host": "127.0.0.1", "ansible_port": _free_port(), "ansible_user": "hmk",
+            "ansible_python_interpreter": sys.executable}
+
+
+def _requests(bmc):
+    path = bmc["dir"] / "requests.log"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _redfish_get(bmc, path):
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    request = urllib.request.Request("https://%s%s" % (bmc["address"], path))
+    import base64
+    request.add_header("Authorization", "Basic " + base64.b64encode(("%s:%s" % (USER, PASSWORD)).encode()).decode())
+    return json.loads(urllib.request.urlopen(request, context=context, timeout=10).read())
+
+
+def test_install_inserts_the_image_boots_cd_once_restarts_and_times_out_clearly_without_ssh(bmc, mirror):
+    node = _silent_node()
+    r, _report = run_play(bmc, _install_vars(bmc, mirror, bmc_os_install_admin_password_hash=HASH), node=node)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0, r.stdout[-3000:]
+    assert ("epyc-node did not open SSH on 127.0.0.1:%d within 5 s (bmc_os_install_timeout)" % node["ansible_port"]
+            in out), r.stdout[-3000:]
+    medium = _redfish_get(bmc, "/redfish/v1/Systems/%s/VirtualMedia/Cd" % UUID)
+    assert medium["Image"] == mirror["url"] and medium["Inserted"] is True
+    sent = _requests(bmc)
+    boots = [q["body"]["Boot"] for q in sent if q["method"] == "PATCH" and q["path"].endswith("/Systems/" + UUID)]
+    assert boots == [{"BootSourceOverrideEnabled": "Once", "BootSourceOverrideTarget": "Cd",
+                      "BootSourceOverrideMode": "UEFI"}]
+    resets = [q["body"]["ResetType"] for q in sent if q["path"].endswith("ComputerSystem.Reset")]
+    assert resets == ["ForceRestart"]
+    inserts = [q for q in sent if q["path"].endswith("VirtualMedia.InsertMedia")]
+    assert [q["body"]["Image"] for q in inserts] == [mirror["url"]]
+    # the order a BMC needs: medium, then boot override, then the restart
+    order = [q["path"].rsplit("/", 1)[-1] for q in sent]
+    assert order.index("VirtualMedia.InsertMedia") < order.index(UUID) < order.index("ComputerSystem.Reset")
+    seed = (mirror["root"] / "seeds" / "epyc-node" / "preseed.cfg").read_text()
+    assert KEY in seed and "preseed/late_command" in seed
+    # the password hash is in the seed (the installer needs it) but in no output; the BMC password nowhere
+    assert HASH not in out and PASSWORD not in out
+
+
+def test_an_installed_node_that_answers_as_itself_is_refused_and_nothing_changes(bmc, mirror):
+    uuid_file = bmc["dir"] / "product_uuid"
+    uuid_file.write_text(UUID.upper() + "\n")  # the kernel's view of SMBIOS on the node: the BMC's system
+    r, _report = run_play(bmc, _install_vars(bmc, mirror), {"__bmc_os_uuid_path": str(uuid_file)})
+    assert r.returncode != 0
+    assert ("Refused to reinstall epyc-node: it already answers over SSH as this node (system UUID %s, the same as "
+            "its BMC's). Nothing was changed." % UUID) in r.stdout, r.stdout[-3000:]
+    assert "bmc_os_reinstall_confirm=epyc-node" in r.stdout
+    assert _requests(bmc) == []
+    assert not (mirror["root"] / "seeds").exists()
+    assert _redfish_get(bmc, "/redfish/v1/Systems/%s/VirtualMedia/Cd" % UUID)["Inserted"] is False
+
+
+def test_a_machine_with_another_uuid_at_the_node_address_is_refused_naming_the_mismatch(bmc, mirror):
+    uuid_file = bmc["dir"] / "product_uuid"
+    uuid_file.write_text("0b1c5c3e-0000-4000-8000-00000000beef\n")
+    r, _report = run_play(bmc, _install_vars(bmc, mirror, bmc_os_reinstall_confirm="other-node"),
+                          {"__bmc_os_uuid_path": str(uuid_file)})
+    assert r.returncode != 0
+    assert "another machine answers over SSH" in r.stdout and "check the inventory" in r.stdout, r.stdout[-3000:]
+    assert _requests(bmc) == []
+
+
+def test_install_check_mode_shows_the_plan_and_sends_nothing(bmc, mirror):
+    r, _report = run_play(bmc, _install_vars(bmc, mirror), node=_silent_node(), check=True)
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert "virtual CD of epyc-node: %s" % mirror["url"] in r.stdout
+    assert "then PowerForceRestart; the disk is wiped" in r.stdout
+    assert _requests(bmc) == []
+    assert _redfish_get(bmc, "/redfish/v1/Systems/%s/VirtualMedia/Cd" % UUID)["Inserted"] is False

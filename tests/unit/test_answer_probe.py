@@ -9,9 +9,12 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 import yaml
+from ansible.parsing.dataloader import DataLoader
+from ansible.template import Templar
 
 from ansible_collections.hmk.moe_kit.plugins.module_utils import hmk_answer_probe as ap
 from module_process import run_module
+from test_bad_inputs import role_vars
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "answers")
@@ -270,13 +273,17 @@ class ChatServer:
                 if outer.require_key and self.headers.get("Authorization") != "Bearer " + outer.require_key:
                     return self.reply(401, {"error": {"code": 401, "message": "Invalid API Key",
                                                       "type": "authentication_error"}})
-                answer = outer.answers[body["messages"][-1]["content"]]
+                answer = outer.answers[body["prompt"] if "prompt" in body else body["messages"][-1]["content"]]
                 if isinstance(answer, int):
                     return self.reply(answer, {"error": {"code": answer, "message": "Loading model",
                                                          "type": "unavailable_error"}})
                 message = dict({"role": "assistant"}, **answer)
+                # /v1/completions answers with the text of the continuation, as llama-server's does.
+                choice = ({"text": message["content"], "index": 0, "logprobs": None, "finish_reason": "stop"}
+                          if self.path == "/v1/completions" else
+                          {"finish_reason": "stop", "index": 0, "message": message})
                 self.reply(200, {
-                    "choices": [{"finish_reason": "stop", "index": 0, "message": message}],
+                    "choices": [choice],
                     "created": 1755270471, "model": body["model"], "object": "chat.completion",
                     "id": "chatcmpl-NoGZgwcGTg738xJiR2ne05HAx53rcSVG",
                     "usage": {"completion_tokens": 3, "prompt_tokens": 24, "total_tokens": 27},
@@ -382,3 +389,161 @@ def test_no_probes_pass_without_a_request_and_a_probe_without_a_prompt_is_refuse
         refused = run_module("hmk_answer_probe", tmp_path, module_args(server, probes=[{"name": "x", "prompt": " "}]))
     assert out["passed"] is True and out["verdicts"] == [] and not server.requests
     assert refused["failed"] and "probes[0] (x) has no prompt" in refused["msg"]
+
+
+# Base models: the probe as raw text to /v1/completions
+
+def gemma_probes():
+    return ap.probe_set(PROBES, CATALOG["gemma3-270m-q4_k_m"])[1]
+
+
+def test_the_gemma3_base_model_is_probed_as_raw_text_with_a_stop_at_the_end_of_the_line():
+    probes = gemma_probes()
+    assert probes and all(p["endpoint"] == "completions" and p["stop"] == ["\n"] for p in probes)
+    body = ap.request_body(probes[0], "gemma")
+    assert "messages" not in body and body["prompt"] == probes[0]["prompt"] and body["stop"] == ["\n"]
+    assert body["temperature"] == 0 and body["top_k"] == 1 and body["seed"] == ap.DEFAULT_SEED
+    # Each prompt ends where the answer starts, after one worked example a base model can follow.
+    assert all(p["prompt"].rstrip().endswith(("Answer:", "is called")) for p in probes)
+    # A user's probe for the family goes the same way unless it says otherwise; chat families keep chat.
+    mine = ap.probe_set(PROBES, CATALOG["gemma3-270m-q4_k_m"],
+                        [{"name": "mine", "prompt": "Question: 1+1?\nAnswer:", "expect": {"number": 2}}])[1]
+    assert mine[-1]["endpoint"] == "completions"
+    assert {p["endpoint"] for p in ap.probe_set(PROBES, CATALOG["qwen3-235b-a22b-q4_k_m"])[1]} == {"chat"}
+    assert ap.probe_url("http://127.0.0.1:8080/v1/chat/completions", probes[0]) == \
+        "http://127.0.0.1:8080/v1/completions"
+    assert ap.probe_url("http://127.0.0.1:8080/v1/chat/completions", {"prompt": "x"}) == \
+        "http://127.0.0.1:8080/v1/chat/completions"
+
+
+def test_a_text_completion_is_judged_on_its_text():
+    message, why = ap.reply_message(200, {"choices": [{"text": " Paris", "index": 0, "finish_reason": "stop"}]})
+    assert why is None and message == {"content": " Paris"}
+    capital = next(p for p in gemma_probes() if p["name"] == "capital")
+    assert ap.judge(capital, message, PROBES["families"]["gemma3"]["markers"])["passed"] is True
+    # A wrong chat template shows as its markers in the text; a base model rambling on is a loop.
+    wrong = ap.judge(capital, {"content": " Paris<end_of_turn>"}, PROBES["families"]["gemma3"]["markers"])
+    assert not wrong["passed"] and "chat template markers (<end_of_turn>)" in wrong["reason"]
+    assert not ap.judge(capital, {"content": " the the the"})["passed"]
+
+
+def test_the_module_sends_a_base_models_probes_to_v1_completions(tmp_path):
+    answers = {p["prompt"]: {"content": {"capital": " Paris", "add": " 4", "dog-name": " Rex."}[p["name"]]}
+               for p in gemma_probes()}
+    with ChatServer(answers) as server:
+        out = run_module("hmk_answer_probe", tmp_path, {"url": server.url, "model": "gemma", "probes": gemma_probes(),
+                                                        "markers": PROBES["families"]["gemma3"]["markers"],
+                                                        "timeout": 30})
+        answers[gemma_probes()[1]["prompt"]] = {"content": " 5"}
+        bad = run_module("hmk_answer_probe", tmp_path, {"url": server.url, "model": "gemma", "probes": gemma_probes(),
+                                                        "timeout": 30})
+    assert out["passed"] is True, out
+    assert {r["path"] for r in server.requests} == {"/v1/completions"}
+    assert all(r["body"]["stop"] == ["\n"] and "messages" not in r["body"] for r in server.requests)
+    assert bad["failed"] and bad["failed_probes"] == ["add"] and "the number 4 is not in the answer" in bad["msg"]
+    assert "Answer: '5'" in bad["msg"] and "two plus two" in bad["msg"]
+
+
+# Which probes the gate runs for the served file (plan)
+
+def test_the_plan_follows_the_catalog_entry_that_lists_the_served_file():
+    gemma = ap.plan(PROBES, CATALOG, "/srv/models/gemma3-270m-q4_k_m/gemma-3-270m-q4_k_m.gguf")
+    assert gemma["family"] == "gemma3" and gemma["model_id"] == "gemma3-270m-q4_k_m"
+    assert [p["name"] for p in gemma["probes"]] == ["capital", "add", "dog-name"]
+    assert gemma["markers"] == PROBES["families"]["gemma3"]["markers"] and "3 probes" in gemma["reason"]
+    # The molecule twins' tiny models: the catalog's split files, and the files no entry lists.
+    tiny = ap.plan(PROBES, CATALOG, "/srv/models/tiny-deepseek2/tiny-deepseek2-00001-of-00002.gguf")
+    assert tiny["family"] == "none" and tiny["probes"] == [] and "random" in tiny["reason"]
+    assert "no answer probe runs" in tiny["reason"]
+    for path in ("/srv/models/tiny-deepseek2/tiny-deepseek2.gguf", "/srv/models/tiny/tiny.gguf",
+                 "/srv/models/r1/R1-00001-of-00010.gguf"):
+        unlisted = ap.plan(PROBES, CATALOG, path)
+        assert unlisted["probes"] == [] and "no catalog entry lists" in unlisted["reason"], path
+        assert "inference_service_answer_probe_family" in unlisted["reason"]
+
+
+def test_a_named_family_probes_an_unlisted_file_and_none_switches_a_listed_one_off():
+    mine = ap.plan(PROBES, CATALOG, "/srv/models/my-qwen3/my-qwen3-q4.gguf", "qwen3",
+                   [{"name": "house", "prompt": "Our fact?", "expect": {"contains": ["x"]}}])
+    assert mine["family"] == "qwen3" and mine["model_id"] is None and mine["probes"][-1]["name"] == "house"
+    off = ap.plan(PROBES, CATALOG, "/srv/models/gemma3-270m-q4_k_m/gemma-3-270m-q4_k_m.gguf", "none")
+    assert off["probes"] == [] and off["family"] == "none"
+    with pytest.raises(ValueError, match="not one of"):
+        ap.plan(PROBES, CATALOG, "/srv/models/x.gguf", "llama")
+
+
+def test_the_roles_family_choices_are_the_families_of_the_data():
+    specs = yaml.safe_load(open(os.path.join(ROOT, "roles", "inference_service", "meta", "argument_specs.yml"),
+                                encoding="utf-8"))
+    option = specs["argument_specs"]["main"]["options"]["inference_service_answer_probe_family"]
+    assert sorted(option["choices"]) == sorted(["auto"] + list(PROBES["families"]))
+    rules = open(os.path.join(ROOT, "roles", "inference_service", "vars", "main.yml"), encoding="utf-8").read()
+    assert "choices: [%s]}" % ", ".join(option["choices"]) in rules
+
+
+@pytest.mark.parametrize("probe,problem", [
+    ({"name": "ok", "prompt": "2+2?", "expect": {"number": 4}}, None),
+    ({"name": "ok", "prompt": "2+2?", "endpoint": "completions", "stop": ["\n"], "max_tokens": 8,
+      "families": ["gemma3"], "expect": {"any_of": ["4", "four"]}}, None),
+    ({"name": "x", "prompt": "2+2?", "expect": {"number": float("nan")}}, "expect.number is a finite number"),
+    ({"name": "x", "prompt": "2+2?", "expect": {"number": True}}, "expect.number is a finite number"),
+    ({"name": "x", "prompt": "2+2?", "min_words": True, "expect": {"number": 4}}, "min_words is an integer"),
+    ({"name": "x", "prompt": "2+2?", "stop": "\n", "expect": {"number": 4}}, "stop is a list"),
+    ({"name": "x", "prompt": "2+2?", "expect": {"exact": " "}}, "expect.exact is a non-empty string"),
+    ("a string", "a probe is a mapping"),
+])
+def test_a_users_probe_is_checked_as_data(probe, problem):
+    found = ap.probe_problem(probe)
+    assert (found is None) if problem is None else (problem in found), found
+
+
+# The role's wiring: the plan the gate renders, in process with Ansible's templar on the role's own variables
+
+def _render_plan(model_path, **overrides):
+    variables = role_vars("inference_service", dict(
+        {"inference_service_model_path": model_path,
+         "role_path": os.path.join(ROOT, "roles", "inference_service")}, **overrides))
+    templar = Templar(loader=DataLoader(), variables=variables)
+    return templar.template(variables["__inference_service_answer_plan"]), \
+        templar.template(variables["__inference_service_deployment"]["answer_probe"])
+
+
+def test_the_role_renders_the_plan_for_the_served_file_and_records_it_for_validate():
+    plan, recorded = _render_plan("/srv/models/gemma3-270m-q4_k_m/gemma-3-270m-q4_k_m.gguf")
+    assert plan["family"] == "gemma3" and len(plan["probes"]) == 3 and recorded == plan
+    # The lab twins' tiny model: no probe, with the reason the gate prints.
+    tiny, recorded = _render_plan("/srv/models/tiny-deepseek2/tiny-deepseek2-00001-of-00002.gguf")
+    assert tiny["probes"] == [] and recorded["probes"] == [] and "no answer probe runs" in tiny["reason"]
+    off, recorded = _render_plan("/srv/models/gemma3-270m-q4_k_m/gemma-3-270m-q4_k_m.gguf",
+                                 inference_service_answer_probe=False)
+    assert off["probes"] and recorded["probes"] == []
+    assert recorded["reason"] == "inference_service_answer_probe is false"
+    # The inventory's own catalog entries count, and the user's probes are merged in.
+    mine, _unused = _render_plan("/srv/models/mine/mine-q4.gguf", model_sync_catalog={"mine": {
+        "answer_probes": "qwen3", "files": [{"name": "mine-q4.gguf", "size": 1, "sha256": "0" * 64}]}},
+        inference_service_answer_probes=[{"name": "house", "prompt": "Our fact?", "expect": {"contains": ["x"]}}])
+    assert mine["family"] == "qwen3" and mine["model_id"] == "mine" and mine["probes"][-1]["name"] == "house"
+
+
+def test_the_gate_runs_the_probe_inside_the_block_that_rolls_back_and_says_when_none_runs():
+    gate = yaml.safe_load(open(os.path.join(ROOT, "roles", "inference_service", "tasks", "gate.yml"), encoding="utf-8"))
+    probe = next(t for t in gate if "hmk.moe_kit.hmk_answer_probe" in t)
+    args = probe["hmk.moe_kit.hmk_answer_probe"]
+    assert args["probes"] == "{{ __inference_service_answer_run.probes }}"
+    assert "__inference_service_answer_run.probes | length > 0" in probe["when"]
+    # Chosen once per gate, by the gate's first task, from the role's plan.
+    chosen = gate[0]["ansible.builtin.set_fact"]["__inference_service_answer_run"]
+    assert chosen == "{{ __inference_service_answer_plan }}"
+    assert "not ansible_check_mode" in probe["when"] and "failed_when" not in probe
+    said = next(t for t in gate if "ansible.builtin.debug" in t and "answer_run.reason" in str(t))
+    assert "__inference_service_answer_run.probes | length == 0" in str(said["when"])
+    # After the smoke completion, before the placement proof.
+    names = [next(iter(k for k in t if k.startswith(("hmk.", "ansible.")))) for t in gate]
+    assert names.index("hmk.moe_kit.hmk_answer_probe") > names.index("ansible.builtin.assert")
+    service = open(os.path.join(ROOT, "roles", "inference_service", "tasks", "service.yml"), encoding="utf-8").read()
+    assert "include_tasks: gate.yml" in service.split("rescue:")[0] and "rollback.yml" in service.split("rescue:")[1]
+    rollback = yaml.safe_load(open(os.path.join(ROOT, "roles", "inference_service", "tasks", "rollback.yml"),
+                                   encoding="utf-8"))
+    restored = next(t for t in rollback if "block" in t and "rescue" in t)["block"]
+    regate = next(t for t in restored if t.get("ansible.builtin.include_tasks") == "gate.yml")
+    assert "last_good_manifest" in regate["vars"]["__inference_service_answer_model"]

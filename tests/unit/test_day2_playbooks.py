@@ -146,8 +146,15 @@ def test_tune_is_rolling_drains_first_and_restores_on_both_paths():
         restores = [t for t in _block(play)[path] if t.get("ansible.builtin.include_role", {}).get("tasks_from") == "restore.yml"]
         assert restores and all("tune_searched" in t.get("when", "") for t in restores), path
     block = _block(play)
+    # The perplexity at the old flags is recorded before the search when none is; the tuned flags must keep it
+    # (after the gate, whose answer probe judged them first), or the rescue below puts the old flags back.
     assert [(r, f) for r, f, _unused in _includes(block["block"], gateway=True)] == [
-        ("tune", None), ("tune", "apply"), ("inference_service", None), ("gateway", "restore.yml")]
+        ("validate", "quality"), ("tune", None), ("tune", "apply"), ("inference_service", None),
+        ("validate", "quality"), ("gateway", "restore.yml")]
+    quality = [t for t in block["block"] if t.get("ansible.builtin.include_role", {}).get("tasks_from") == "quality"]
+    assert [t["vars"]["validate_quality_record"] for t in quality] == [True, False]
+    assert all("tune_searched | bool" in str(t["when"]) for t in quality)
+    assert "changed_flags" in str(quality[1]["when"])
     # A failed search or gate: the old flags serve again and the gateways take the node back before the run fails.
     assert [(r, f) for r, f, _unused in _includes(block["rescue"], gateway=True)] == [
         ("inference_service", None), ("gateway", "restore.yml")]
