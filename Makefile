@@ -12,7 +12,7 @@ DEB_PACKAGES := qemu-system-x86 qemu-utils debootstrap grub-pc-bin grub2-common 
 LAB_ARGS ?=
 LAB_KIND ?= container
 
-.PHONY: help deps venv image lab lab-down lint syntax unit pins sanity integration collection ee cuda-sample molecule kt-native test test-quick test-slow bench fleet-bench clean \
+.PHONY: help deps venv image lab lab-down lint syntax unit pins sanity integration collection docs ee cuda-sample molecule kt-native test test-quick test-slow bench fleet-bench clean \
 	gpu-bundle gpu-acceptance
 
 help:
@@ -25,7 +25,8 @@ help:
 	@echo "make gpu-bundle  stage what tests/gpu/acceptance.sh needs on a GPU machine without internet"
 	@echo "make pins        check an engine pin bump: ENGINE=ik_llama.cpp FROM=<tree|tarball|gitdir@rev> TO=<...>"
 	@echo "make sanity      ansible-test sanity (every test but pslint) on the collection, ignores in tests/sanity/"
-	@echo "make collection  build the hmk.moe_kit tarball, install it apart, syntax-check every playbook by FQCN"
+	@echo "make collection  build the hmk.moe_kit tarball, install it apart, syntax-check every playbook by FQCN, galaxy-importer"
+	@echo "make docs        the docs site as Galaxy builds it (antsibull-docs + Sphinx -W) in .cache/docs-site, linted"
 	@echo "make ee          the execution environment's build context (ansible-builder create) in .cache/ee/context"
 	@echo "make fleet-bench site.yml over a fleet of container twins, timed (benchmarks/fleet.sh; ~25 min, not in CI)"
 
@@ -77,7 +78,7 @@ unit: deps venv
 	scripts/lab-fixtures >/dev/null
 	python -m pytest -q tests/unit
 
-# An engine pin bump, checked before the pin moves (README "Bumping an engine pin"): the engine's parser and
+# An engine pin bump, checked before the pin moves (docs/docsite/rst/test_bed.rst, "Bumping an engine pin"): the engine's parser and
 # build options at FROM and TO against llama_build_engine_flags; fails naming each rendered flag that changed.
 ENGINE ?= ik_llama.cpp
 FROM ?= $(HMK_CACHE)/fixtures/ik_llama.cpp.git@main
@@ -104,10 +105,16 @@ kt-native: deps venv image
 	tests/fixtures/engines/make-kt-repo.sh >/dev/null
 	HMK_KT_CPU_INSTRUCT=auto HMK_KT_ENABLE_AMX=auto molecule test -s ktransformers
 
-# The kit as users install it: the collection tarball, installed apart and resolved by FQCN; the execution
-# environment's definition validated and its build context created (no container image is built here).
+# The kit as users install it: the collection tarball, installed apart and resolved by FQCN, and imported by
+# galaxy-importer with no ERROR or WARNING line (tests/galaxy-importer.cfg: offline); the execution environment's
+# definition validated and its build context created (no container image is built here).
 collection: venv
 	scripts/collection-check collection
+
+# The collection's docs site as Galaxy builds it (scripts/docs-site): antsibull-docs + Sphinx with warnings as
+# errors, the extra pages of docs/docsite/, then antsibull-docs lint-collection-docs --plugin-docs.
+docs: venv
+	scripts/docs-site
 
 ee: venv
 	scripts/collection-check ee
@@ -131,7 +138,7 @@ test-quick: lint syntax unit
 test-slow: kt-native
 
 # Each part timed; reports/timing.json and reports/timing.md say what each cost and which caches it hit.
-TEST_PARTS := deps venv lint syntax unit sanity collection ee integration image cuda-sample molecule
+TEST_PARTS := deps venv lint syntax unit sanity collection docs ee integration image cuda-sample molecule
 test:
 	python3 scripts/test-run $(TEST_PARTS)
 
@@ -140,7 +147,7 @@ bench: deps venv image
 	python benchmarks/model_sync.py
 	benchmarks/engine_build.sh
 
-# Not part of bench or CI: N container twins rebuilt with site.yml at once, ~25 min on 2 cores (README).
+# Not part of bench or CI: N container twins rebuilt with site.yml at once, ~25 min on 2 cores (operator's guide, "A fleet").
 fleet-bench: deps venv image
 	benchmarks/fleet.sh
 

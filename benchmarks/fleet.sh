@@ -3,11 +3,11 @@
 #   0. a warm-up rebuild of one twin (fills the host's compiler cache if another job emptied it; not compared);
 #   1. one node alone: the rebuild of a fresh twin with site.yml, then a no-op re-run;
 #   2. N fresh twins in one inventory group (N=6 by default, HMK_FLEET_N, at most 10), site.yml across all of them
-#      at once with the README's settings (forks >= N, no serial: each node's rebuild is independent), then a
+#      at once with the operator's guide's settings (forks >= N, no serial: each node's rebuild is independent), then a
 #      no-op re-run; each twin's memory (its cgroup) while it serves;
 #   3. a node that fails: one twin is reset and stopped mid-run (docker stop while it compiles the engine); every
 #      other node must still answer /health; the twin is started again and the fleet re-run, reporting which
-#      nodes changed or failed (README: what this showed).
+#      nodes changed or failed (docs/docsite/rst/operator_guide.rst: what this showed).
 # Prints the times, the speed-up from parallelism (N x one node's rebuild / the fleet's rebuild) and the memory.
 # The engine builds use the host's ccache like make lab does (a warm rebuild). Twins fleet-01..fleet-NN, SSH
 # 127.0.0.1:2401.., services 18601.. (molecule/README.md). Costs ~30 min on this 2-core machine.
@@ -59,7 +59,7 @@ ln -s "$PWD/inventories/lab/group_vars" "$scratch/inventory/group_vars"
 } > "$scratch/inventory/hosts.yml"
 export ANSIBLE_CACHE_PLUGIN_CONNECTION=$scratch/facts
 inv=(-i "$scratch/inventory/hosts.yml")
-# The README's recommendation for a rebuild: every node at once (forks >= nodes), no serial.
+# The operator's guide's recommendation for a rebuild: every node at once (forks >= nodes), no serial.
 fleet_opts=(--forks "$n")
 
 mapfile -t volumes < <(scripts/lab-fixtures --models tiny-deepseek2 --volume-args | tr ' ' '\n')
@@ -129,7 +129,7 @@ ansible-playbook "${inv[@]}" site.yml "${fleet_opts[@]}" > "$logs/fail-run.log" 
 pid=$!
 # Stopped while it compiles the engine, well inside its rebuild. (Stopped inside an apt-get install instead, the
 # node's dpkg is left interrupted and the re-run's first apt task fails until `dpkg --configure -a` is run.)
-until grep -q "TASK \[hmk.moe_kit.llama_build : Checked every 15 s, the compiler has produced" "$logs/fail-run.log" 2>/dev/null \
+until grep -q "TASK \[hmk.moe_kit.llama_build : Checked at each poll, the compiler has produced" "$logs/fail-run.log" 2>/dev/null \
       || ! kill -0 "$pid" 2>/dev/null; do sleep 1; done
 sleep 3
 docker stop "hmk-$failing" >/dev/null
