@@ -138,7 +138,9 @@ test-quick: lint syntax unit
 test-slow: kt-native
 
 # Each part timed; reports/timing.json and reports/timing.md say what each cost and which caches it hit.
-TEST_PARTS := deps venv lint syntax unit sanity collection docs ee integration image cuda-sample molecule
+# Parts joined by + run at once (scripts/test-run): each keeps one of the two cores busy, and none reads what
+# another writes.
+TEST_PARTS := deps venv lint+unit+syntax sanity+integration collection+docs ee image cuda-sample molecule
 test:
 	python3 scripts/test-run $(TEST_PARTS)
 

@@ -47,3 +47,37 @@ def test_readme_block_is_rewritten_and_checked(tmp_path, monkeypatch):
     assert "25:00 (1500 s)" in text and "| `image` | 0 | hit |" in text and "| a | pass | 99 | engine-k | - |" in text
     assert text.startswith("head\n") and text.endswith("tail\n") and "old" not in text
     assert tr.readme(str(path), check=True) == 0
+
+
+def _fake_repo(tmp_path, monkeypatch):
+    # Each target records when it started and ended, so the test sees whether two ran at once.
+    (tmp_path / "Makefile").write_text(
+        "slow1:\n\t@date +%s.%N > s1.start; sleep 1; echo one; date +%s.%N > s1.end\n"
+        "slow2:\n\t@date +%s.%N > s2.start; sleep 1; echo two; date +%s.%N > s2.end\n"
+        "bad:\n\t@echo broken; exit 3\n"
+        "after:\n\t@touch after.ran\n")
+    monkeypatch.setattr(tr, "REPO", tmp_path)
+    monkeypatch.setattr(tr, "REPORTS", tmp_path / "reports")
+    monkeypatch.setattr(tr, "_commit", lambda: "abc")
+    monkeypatch.setenv("HMK_TEST_LOGS", str(tmp_path / "logs"))
+
+
+def test_parts_joined_by_plus_run_at_once_and_each_is_timed(tmp_path, monkeypatch, capsys):
+    _fake_repo(tmp_path, monkeypatch)
+    assert tr.run(["slow1+slow2", "after"]) == 0
+    starts = [float((tmp_path / f"s{i}.start").read_text()) for i in (1, 2)]
+    ends = [float((tmp_path / f"s{i}.end").read_text()) for i in (1, 2)]
+    assert max(starts) < min(ends)  # the second started before the first ended
+    report = json.loads((tmp_path / "reports" / "timing.json").read_text())
+    assert [(p["name"], p["rc"]) for p in report["parts"]] == [("slow1", 0), ("slow2", 0), ("after", 0)]
+    out = capsys.readouterr().out
+    # Each member's output is printed whole, after its own header, never interleaved.
+    assert out.index("output of slow1") < out.index("one") < out.index("output of slow2") < out.index("two")
+
+
+def test_a_failed_member_stops_the_run_after_its_group(tmp_path, monkeypatch):
+    _fake_repo(tmp_path, monkeypatch)
+    assert tr.run(["slow1+bad", "after"]) == 2  # make exits 2 when a recipe fails
+    report = json.loads((tmp_path / "reports" / "timing.json").read_text())
+    assert [(p["name"], p["rc"]) for p in report["parts"]] == [("slow1", 0), ("bad", 2)]
+    assert not (tmp_path / "after.ran").exists()
