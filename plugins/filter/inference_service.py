@@ -22,8 +22,8 @@ try:
 except ImportError:  # imported without Ansible (unit tests in a bare interpreter)
     AnsibleFilterError = ValueError
 
-from ansible_collections.hmk.moe_kit.plugins.module_utils import (hmk_answer_probe, hmk_engine_arch, hmk_engine_log,
-                                                                 hmk_nvidia_devices)
+from ansible_collections.hmk.moe_kit.plugins.module_utils import (
+    hmk_answer_probe, hmk_engine_arch, hmk_engine_log, hmk_nvidia_devices)
 
 GIB = 1024 ** 3
 GB = 1000 ** 3

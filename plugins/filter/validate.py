@@ -528,8 +528,8 @@ def report_markdown(rep):
         lines.append("| answer probe | %s%s |" % (answers.get("status"), (" (family %s): %s" % (
             answers.get("family"), str(answers.get("reason", "")).replace("|", "\\|")[:300]))))
     if perplexity:
-        lines.append("| perplexity | %s: %s |" % (perplexity.get("status"),
-                                                 str(perplexity.get("reason", "")).replace("|", "\\|")[:300]))
+        reason = str(perplexity.get("reason", "")).replace("|", "\\|")[:300]
+        lines.append("| perplexity | %s: %s |" % (perplexity.get("status"), reason))
     measured, theoretical = bw["measured"], bw["theoretical"]
     lines.append("| memory bandwidth | %s measured (read; triad %s), %s theoretical |" % (
         _fmt(measured.get("read_gbps") if measured.get("available") else measured, " GB/s"),

@@ -61,7 +61,7 @@ def read(output):
     text = output or ""
     running = [(int(i), _number(v)) for i, v in RUNNING.findall(text)]
     calc = CALCULATING.search(text)
-    result = {"ok": False, "ppl": None, "error": None, "running": [v for _, v in running],
+    result = {"ok": False, "ppl": None, "error": None, "running": [value for _index, value in running],
               "chunks": int(calc.group("chunks")) if calc else None,
               "n_ctx": int(calc.group("ctx")) if calc and calc.group("ctx") else None}
     finals = list(FINAL.finditer(text))

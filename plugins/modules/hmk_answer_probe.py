@@ -206,8 +206,8 @@ def main():
     if failed:
         lines = ["probe %s failed: %s. Prompt: %r. Answer: %r. Expected: %s." % (
             v["name"], v["reason"], v["prompt"], v["answer"][:400], v["expected"]) for v in failed]
-        module.fail_json(msg="%d of %d answer probes failed. %s %s" % (len(failed), len(verdicts), " ".join(lines),
-                                                                     HINT), **result)
+        message = "%d of %d answer probes failed. %s %s" % (len(failed), len(verdicts), " ".join(lines), HINT)
+        module.fail_json(msg=message, **result)
     module.exit_json(msg="%d answer probes passed" % len(verdicts), **result)
 
 
