@@ -118,7 +118,7 @@ from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_validate import ch
 
 
 HINT = ("The model loads and answers, but not correctly: what that means and the engine issues and flags to try are "
-        "in the README, section 'Answer probe'.")
+        "in the operator's guide (docs/docsite/rst/operator_guide.rst), section 'The answer probe'.")
 
 
 def post(url, body, api_key, timeout):

@@ -441,7 +441,7 @@ def test_the_module_sends_a_base_models_probes_to_v1_completions(tmp_path):
     assert {r["path"] for r in server.requests} == {"/v1/completions"}
     assert all(r["body"]["stop"] == ["\n"] and "messages" not in r["body"] for r in server.requests)
     assert bad["failed"] and bad["failed_probes"] == ["add"] and "the number 4 is not in the answer" in bad["msg"]
-    assert "Answer: '5'" in bad["msg"] and "two plus two" in bad["msg"]
+    assert "Answer: '5'" in bad["msg"] and "What is 2 + 2?" in bad["msg"]
 
 
 # Which probes the gate runs for the served file (plan)
