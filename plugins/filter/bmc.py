@@ -72,7 +72,13 @@ def hmk_bmc_grub_seed(menu, params, timeout=5):
         raise AnsibleFilterError("the installer ISO's /boot/grub/grub.cfg cannot be made unattended: %s" % error)
 
 
+def hmk_bmc_md5sum_update(listing, menu, path="boot/grub/grub.cfg"):
+    """The ISO's md5sum.txt with the MD5 of the rebuilt menu on the menu's line."""
+    return grub.md5sums(listing, path, menu)
+
+
 class FilterModule(object):
     def filters(self):
         return {"hmk_bmc_judge": hmk_bmc_judge, "hmk_bmc_applied": hmk_bmc_applied, "hmk_bmc_cause": hmk_bmc_cause,
-                "hmk_bmc_want_refusals": hmk_bmc_want_refusals, "hmk_bmc_grub_seed": hmk_bmc_grub_seed}
+                "hmk_bmc_want_refusals": hmk_bmc_want_refusals, "hmk_bmc_grub_seed": hmk_bmc_grub_seed,
+                "hmk_bmc_md5sum_update": hmk_bmc_md5sum_update}

@@ -18,10 +18,13 @@
 # - Every top-level `set timeout=` becomes `set timeout=<timeout>` (the last one wins in GRUB, Ubuntu sets 30), or
 #   one is added at the top (Debian's menu has none and waits for ever); `set default=` is pinned to 0 when present.
 # - Running it again on its own output changes nothing.
+# The ISO's /md5sum.txt (both ISOs have one; casper checks the medium against it at boot, d-i when asked to) gets
+# the new menu's MD5 on the menu's line, so an integrity check does not report the rebuilt menu as corrupt.
 from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import hashlib
 import re
 
 MARK = "# hmk.moe_kit bmc: the first entry boots unattended with the seed's parameters (timeout %d s)."
@@ -89,3 +92,17 @@ def seed_menu(text, params, timeout=5):
         lines.insert(0, "set timeout=%d" % timeout)
     lines.insert(0, mark)
     return "\n".join(lines) + "\n"
+
+
+def md5sums(listing, path, data):
+    """md5sum.txt (`<md5>  ./<path>` lines) with `path`'s line carrying the MD5 of `data` (text); the listing as it
+    was when it has no line for `path`."""
+    digest = hashlib.md5(data.encode("utf-8")).hexdigest()
+    wanted = path.lstrip("./")
+    out = []
+    for line in listing.splitlines():
+        fields = line.split(None, 1)
+        if len(fields) == 2 and fields[1].strip().lstrip("./") == wanted:
+            line = digest + line[len(fields[0]):]
+        out.append(line)
+    return "\n".join(out) + ("\n" if listing.endswith("\n") or not listing else "")

@@ -53,8 +53,9 @@ def xorriso(*args):
     return subprocess.run([XORRISO, *args], check=True, capture_output=True, text=True).stdout
 
 
-def make_iso(tmp_path, family, menu=None):
-    """A small ISO with the family's layout and boot records; returns (path, sha256)."""
+def make_iso(tmp_path, family, menu=None, md5sums=True):
+    """A small ISO with the family's layout, boot records and (like both real ISOs) /md5sum.txt listing every file
+    (`<md5>  ./<path>`); returns (path, sha256)."""
     layout = LAYOUTS[family]
     tree = tmp_path / ("tree-" + family)
     for index, name in enumerate(layout["files"]):
@@ -64,7 +65,13 @@ def make_iso(tmp_path, family, menu=None):
     (tree / "boot" / "grub" / "grub.cfg").write_text(menu if menu is not None else (GRUB / layout["menu"]).read_text())
     if "isolinux" in layout:
         (tree / "isolinux" / "txt.cfg").write_text((GRUB / layout["isolinux"]).read_text())
-    iso = tmp_path / ("%s-installer.iso" % family)
+    listing = tree / "md5sum.txt"
+    if listing.exists():
+        listing.unlink()
+    if md5sums:
+        listing.write_text("".join("%s  ./%s\n" % (hashlib.md5(p.read_bytes()).hexdigest(), p.relative_to(tree))
+                                   for p in sorted(tree.rglob("*")) if p.is_file()))
+    iso = tmp_path / ("%s-installer%s.iso" % (family, "" if md5sums else "-nomd5"))
     xorriso("-as", "mkisofs", "-quiet", "-r", "-J", "-V", "HMK_" + family.upper(), "-o", str(iso),
             "-c", layout["catalog"], "-b", layout["bios"], "-no-emul-boot", "-boot-load-size", "4",
             "-eltorito-alt-boot", "-e", layout["efi"], "-no-emul-boot", str(tree))
@@ -146,7 +153,8 @@ def test_the_rebuilt_isos_boot_the_first_entry_unattended_keep_everything_else_a
         expected = "installer-%s.iso" % hashlib.sha1(("sha256:" + digest + params).encode()).hexdigest()[:12]
         assert [p.name for p in isos] == [expected]
         out = isos[0]
-        assert sorted(p.name for p in out.parent.iterdir()) == ["grub.cfg", expected], "a leftover of the build"
+        leftovers = sorted(p.name for p in out.parent.iterdir())
+        assert leftovers == sorted([expected, "grub.cfg", "md5sum.txt"]), "a leftover of the build"
 
         before = (GRUB / layout["menu"]).read_text()
         after = extract(out, "/boot/grub/grub.cfg", tmp_path / (node + ".grub.cfg")).decode()
@@ -174,6 +182,12 @@ def test_the_rebuilt_isos_boot_the_first_entry_unattended_keep_everything_else_a
         if "isolinux" in layout:
             assert extract(out, "/isolinux/txt.cfg", tmp_path / (node + ".txt")).decode() == (
                 GRUB / layout["isolinux"]).read_text()
+        # md5sum.txt has the new menu's MD5 on the menu's line and every other line as it was.
+        sums_before = extract(source, "/md5sum.txt", tmp_path / (node + ".md5.in")).decode().splitlines()
+        sums_after = extract(out, "/md5sum.txt", tmp_path / (node + ".md5.out")).decode().splitlines()
+        menu_line = "%s  ./boot/grub/grub.cfg" % hashlib.md5(after.encode()).hexdigest()
+        assert menu_line in sums_after and menu_line not in sums_before
+        assert [x for x in sums_after if x != menu_line] == [x for x in sums_before if "./boot/grub/grub.cfg" not in x]
         # The boot records are the input's: the same images, platforms and load sizes.
         assert boot_records(out) == boot_records(source)
         assert [r[1] for r in boot_records(out)] == ["BIOS", "UEFI"]
@@ -186,12 +200,16 @@ def test_the_rebuilt_isos_boot_the_first_entry_unattended_keep_everything_else_a
         (iso,) = built(tmp_path, node)
         assert (iso.stat().st_ino, iso.stat().st_mtime_ns) == (stamp.st_ino, stamp.st_mtime_ns)
 
-    # Another image (its checksum changed) is another name: built beside the first, which stays as it was.
-    family, iso, _digest = images["deb-node"]
-    other, changed = run_remaster(tmp_path, {"deb-node": (family, iso, "0" * 64)})
+    # Another image (another checksum) is another name: built beside the first, which stays as it was. This one
+    # has no md5sum.txt, and the rebuilt image has none either.
+    newer = ("debian",) + make_iso(tmp_path, "debian", md5sums=False)
+    other, changed = run_remaster(tmp_path, {"deb-node": newer})
     assert other.returncode == 0 and changed["deb-node"] > 0, other.stdout[-3000:]
-    assert len(built(tmp_path, "deb-node")) == 2 and stamps["deb-node"].st_ino in [
-        p.stat().st_ino for p in built(tmp_path, "deb-node")]
+    isos = built(tmp_path, "deb-node")
+    assert len(isos) == 2 and stamps["deb-node"].st_ino in [p.stat().st_ino for p in isos]
+    (second,) = [p for p in isos if p.stat().st_ino != stamps["deb-node"].st_ino]
+    assert "md5sum.txt" not in xorriso("-indev", str(second), "-ls", "/")
+    assert first_kernel_line(extract(second, "/boot/grub/grub.cfg", tmp_path / "second.cfg").decode())[2] == "auto=true"
 
 
 def test_a_menu_whose_first_item_is_a_submenu_stops_with_the_reason_and_leaves_no_iso(tmp_path):

@@ -98,3 +98,15 @@ def test_a_menu_that_cannot_boot_unattended_stops_with_the_reason(menu, why):
 def test_no_parameters_is_refused():
     with pytest.raises(AnsibleFilterError, match="no boot parameters"):
         seed(DEBIAN, " ")
+
+
+def test_md5sum_txt_gets_the_new_menus_md5_and_keeps_every_other_line():
+    import hashlib
+    listing = ("0123456789abcdef0123456789abcdef  ./README.txt\n"
+               "fedcba9876543210fedcba9876543210  ./boot/grub/grub.cfg\n"
+               "00112233445566778899aabbccddeeff  ./install.amd/vmlinuz\n")
+    menu = seed(DEBIAN, DEBIAN_PARAMS)
+    out = bmc_filter.FilterModule().filters()["hmk_bmc_md5sum_update"](listing, menu)
+    lines = listing.splitlines()
+    assert out.splitlines() == [lines[0], hashlib.md5(menu.encode()).hexdigest() + "  ./boot/grub/grub.cfg", lines[2]]
+    assert bmc_filter.hmk_bmc_md5sum_update("aa  ./other\n", menu) == "aa  ./other\n"
