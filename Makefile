@@ -7,8 +7,9 @@ export HMK_CACHE ?= /var/cache/hybrid-moe-kit
 export HMK_STATE ?= /var/tmp/hybrid-moe-kit
 export DOCKER_HOST := unix://$(HMK_STATE)/dockerd/docker.sock
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+# xorriso: the bmc role rebuilds the installer ISO with it (tests/integration/test_bmc_remaster.py runs it).
 DEB_PACKAGES := qemu-system-x86 qemu-utils debootstrap grub-pc-bin grub2-common e2fsprogs fdisk \
-	openssh-client docker.io python3-venv git rsync curl haproxy shellcheck
+	openssh-client docker.io python3-venv git rsync curl haproxy shellcheck xorriso
 LAB_ARGS ?=
 LAB_KIND ?= container
 

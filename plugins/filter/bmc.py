@@ -5,6 +5,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+from ansible_collections.hmk.moe_kit.plugins.module_utils import hmk_bmc_grub as grub
 from ansible_collections.hmk.moe_kit.plugins.module_utils import hmk_bmc_vendors as vendors
 
 try:
@@ -62,7 +63,22 @@ def hmk_bmc_want_refusals(want):
     return vendors.refusals(want)
 
 
+def hmk_bmc_grub_seed(menu, params, timeout=5):
+    """The installer's GRUB menu with the seed's boot parameters on the entry it boots by itself
+    (plugins/module_utils/hmk_bmc_grub.py says what changes and why)."""
+    try:
+        return grub.seed_menu(menu, params, int(timeout))
+    except grub.MenuError as error:
+        raise AnsibleFilterError("the installer ISO's /boot/grub/grub.cfg cannot be made unattended: %s" % error)
+
+
+def hmk_bmc_md5sum_update(listing, menu, path="boot/grub/grub.cfg"):
+    """The ISO's md5sum.txt with the MD5 of the rebuilt menu on the menu's line."""
+    return grub.md5sums(listing, path, menu)
+
+
 class FilterModule(object):
     def filters(self):
         return {"hmk_bmc_judge": hmk_bmc_judge, "hmk_bmc_applied": hmk_bmc_applied, "hmk_bmc_cause": hmk_bmc_cause,
-                "hmk_bmc_want_refusals": hmk_bmc_want_refusals}
+                "hmk_bmc_want_refusals": hmk_bmc_want_refusals, "hmk_bmc_grub_seed": hmk_bmc_grub_seed,
+                "hmk_bmc_md5sum_update": hmk_bmc_md5sum_update}

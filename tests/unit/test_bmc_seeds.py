@@ -123,11 +123,12 @@ def test_the_meta_data_names_the_node():
 
 
 def _grub(params):
-    """What tasks/os_remaster.yml's replace does to GRUB menu entries (ansible.builtin.replace: re.MULTILINE)."""
-    menu = "menuentry 'Install' {\n    linux    /install.amd/vmlinuz vga=788 --- quiet\n    initrd   /install.amd/initrd.gz\n}\n"
-    pattern = yaml.safe_load((ROLE / "tasks" / "os_remaster.yml").read_text())[3]["ansible.builtin.replace"]
-    replacement = pattern["replace"].replace("{{ __bmc_os_boot_params }}", params)
-    return re.compile(pattern["regexp"], re.MULTILINE).sub(replacement, menu)
+    """What tasks/os_remaster.yml does to the Debian netinst's GRUB menu (the hmk_bmc_grub_seed filter)."""
+    from ansible_collections.hmk.moe_kit.plugins.filter import bmc as bmc_filter
+    remaster = (ROLE / "tasks" / "os_remaster.yml").read_text()
+    assert "hmk.moe_kit.hmk_bmc_grub_seed(__bmc_os_boot_params)" in remaster
+    menu = (REPO / "tests" / "fixtures" / "grub" / "debian-12-netinst.grub.cfg").read_text()
+    return bmc_filter.hmk_bmc_grub_seed(menu, params)
 
 
 def test_the_debian_boot_parameters_fetch_this_nodes_preseed_before_the_separator():
