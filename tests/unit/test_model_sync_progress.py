@@ -2,8 +2,15 @@
 Syncer and ProgressLog here (not a copy of their format), read back by module_utils' describe_sync_log as
 `<model>: <bytes> of <bytes> (<pct>), <rate>, <time> left`; the node lock that keeps one model's sync at a time
 when the role starts one background job per model."""
+import grp
 import hashlib
+import http.server
+import json
 import os
+import pwd
+import re
+import subprocess
+import sys
 import threading
 import time
 
@@ -11,6 +18,7 @@ import pytest
 
 from ansible_collections.hmk.moe_kit.plugins.module_utils import hmk_model_sync as hmk
 
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 MODEL = "tiny-qwen3moe"
 MIB = 1024 * 1024
 
@@ -158,3 +166,86 @@ def test_a_second_model_waits_for_the_first_and_says_so(tmp_path):
     lines = open(str(tmp_path / "log")).read().splitlines()
     assert [line.split(" ", 1)[1] for line in lines] == ["second " + hmk.WAITING]
     assert hmk.describe_sync_log(lines, "second") == "second: " + hmk.WAITING
+
+
+# --- the role's tasks, run by ansible-playbook on this machine ------------------------------------------------------
+
+class SlowStore(http.server.BaseHTTPRequestHandler):
+    """Serves the test's files at about 4 MiB/s, so that a sync lasts a few of the role's 1-second checks."""
+    files = {}
+
+    def do_GET(self):  # noqa: N802 (the name http.server calls)
+        body = self.files.get(self.path)
+        if body is None:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        for start in range(0, len(body), 256 * 1024):
+            self.wfile.write(body[start:start + 256 * 1024])
+            time.sleep(0.0625)
+
+    def log_message(self, *args):
+        pass
+
+
+def run_role_sync(tmp_path, models):
+    """The role's sync tasks (tasks_from: sync) on this machine, with the kit's stdout callback; its screen output."""
+    data = {name: os.urandom(8 * MIB) for name in models}
+    SlowStore.files = {"/%s/%s.bin" % (name, name): body for name, body in data.items()}
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), SlowStore)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    catalog = {name: {"files": [{"name": name + ".bin", "size": 8 * MIB,
+                                 "sha256": hashlib.sha256(body).hexdigest()}]} for name, body in data.items()}
+    user, group = pwd.getpwuid(os.getuid()).pw_name, grp.getgrgid(os.getgid()).gr_name
+    variables = dict(
+        __model_sync_catalog_builtin={}, model_sync_catalog=catalog, model_sync_models=list(models),
+        model_sync_source="http", model_sync_http_base_url="http://127.0.0.1:%d" % server.server_address[1],
+        model_sync_path=str(tmp_path / "models"), model_sync_state_path=str(tmp_path / "state"),
+        model_sync_quarantine_path=str(tmp_path / "quarantine"), model_sync_staging_path=str(tmp_path / "staging"),
+        model_sync_log_path=str(tmp_path / "hmk-model-sync.log"), model_sync_progress_interval=1, model_sync_poll=1,
+        model_sync_file_owner=user, model_sync_file_group=group)
+    (tmp_path / "vars.json").write_text(json.dumps(variables))
+    (tmp_path / "sync.yml").write_text(
+        "- hosts: node-1\n  gather_facts: false\n  tasks:\n"
+        "    - {name: The sync, ansible.builtin.include_role: {name: hmk.moe_kit.model_sync, tasks_from: sync}}\n")
+    (tmp_path / "hosts.yml").write_text(
+        "all:\n  hosts:\n    node-1:\n      ansible_connection: local\n      ansible_python_interpreter: %s\n"
+        % json.dumps(sys.executable))
+    env = {key: value for key, value in os.environ.items() if not key.startswith("ANSIBLE_")}
+    env.update(ANSIBLE_COLLECTIONS_PATH=os.path.join(ROOT, ".collections"), ANSIBLE_NOCOLOR="1",
+               ANSIBLE_STDOUT_CALLBACK="hmk.moe_kit.hmk_progress", ANSIBLE_CONFIG=str(tmp_path / "none.cfg"),
+               ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"), ANSIBLE_HOME=str(tmp_path / "home"),
+               ANSIBLE_ASYNC_DIR=str(tmp_path / "async"))
+    try:
+        run = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", "hosts.yml",
+                              "-e", "@vars.json", "sync.yml"], cwd=str(tmp_path), env=env, capture_output=True,
+                             text=True, timeout=300, check=False)
+    finally:
+        server.shutdown()
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    for name, body in data.items():
+        with open(str(tmp_path / "models" / name / (name + ".bin")), "rb") as handle:
+            assert handle.read() == body
+    return run.stdout
+
+
+def test_the_role_shows_each_model_sync_s_bytes_rate_and_time_left_and_reports_its_result(tmp_path):
+    out = run_role_sync(tmp_path, ["tiny-a", "tiny-b"])
+    assert "FAILED" not in out and "RETRYING" not in out
+    task = "Checked every 1 s, each model's sync from the source has finished"
+    progress = re.findall(r"^  \[node-1\] %s: (.*)$" % re.escape(task), out, re.M)
+    bytes_rate_left = re.compile(r"^tiny-[ab]: [0-9.]+ MiB of 8\.0 MiB \(\d+%\), [0-9.]+ [KM]iB/s, \d+s left$")
+    assert any(bytes_rate_left.match(line) for line in progress), out
+    # Before a file's first progress line there is no rate yet; a job that waits for the node's other sync says so.
+    assert all(bytes_rate_left.match(line) or re.match(r"^tiny-[ab]: [0-9.]+ [KM]?i?B of 8\.0 MiB \(\d+%\)$", line) or line in ("tiny-a: starting, no progress yet",
+                                                       "tiny-b: starting, no progress yet",
+                                                       "tiny-a: " + hmk.WAITING, "tiny-b: " + hmk.WAITING)
+               for line in progress), progress
+    # The last task reads each job's own result: the module's counts, with the model as item.
+    for name in ("tiny-a", "tiny-b"):
+        assert "%s: 1 file(s) fetched, %d bytes received, %d bytes were missing." % (name, 8 * MIB, 8 * MIB) in out
+    # The node's log keeps the same lines.
+    log = (tmp_path / "hmk-model-sync.log").read_text()
+    assert re.search(r" tiny-a tiny-a\.bin: \d+/%d bytes \(" % (8 * MIB), log)
