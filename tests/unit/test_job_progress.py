@@ -197,7 +197,7 @@ def test_a_finished_model_sync_returns_the_module_s_result_without_its_arguments
 
 
 def test_the_callback_prints_the_model_sync_s_progress_line():
-    task = "Checked every 15 s, each model's sync from the source has finished"
+    task = "Checked at each poll, each model's sync from the source has finished"
     display = FakeDisplay()
     callback = CallbackModule()
     callback._display = display

@@ -234,7 +234,7 @@ def run_role_sync(tmp_path, models):
 def test_the_role_shows_each_model_sync_s_bytes_rate_and_time_left_and_reports_its_result(tmp_path):
     out = run_role_sync(tmp_path, ["tiny-a", "tiny-b"])
     assert "FAILED" not in out and "RETRYING" not in out
-    task = "Checked every 1 s, each model's sync from the source has finished"
+    task = "Checked at each poll, each model's sync from the source has finished"
     progress = re.findall(r"^  \[node-1\] %s: (.*)$" % re.escape(task), out, re.M)
     bytes_rate_left = re.compile(r"^tiny-[ab]: [0-9.]+ MiB of 8\.0 MiB \(\d+%\), [0-9.]+ [KM]iB/s, \d+s left$")
     assert any(bytes_rate_left.match(line) for line in progress), out
