@@ -13,8 +13,8 @@ import time
 
 from ansible.plugins.action import ActionBase
 from ansible.utils.vars import merge_hash
-from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_model_sync import (LOG_PROGRESS_MARK, describe_sync_log,
-                                                                              format_duration)
+from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_model_sync import (
+    LOG_PROGRESS_MARK, describe_sync_log, format_duration)
 
 __metaclass__ = type
 

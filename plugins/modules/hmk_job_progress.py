@@ -26,9 +26,9 @@ description:
     when the sync began, the files' own rates (or the bytes over the time the log covers), and the time left at that
     rate. The finished job's module arguments, C(invocation), are left out of the result.
   - >-
-    Without O(model), what is read from the log: the compiler's own count, C([N/M]) (ninja) or C([ NN%]) (make), the kit's build
-    scripts' markers C(== configure <stamp>), C(== build <stamp>) and C(== <stamp> step i/n:) (a step starts a new
-    count), and the UTC stamp on the first line as the start; the elapsed time therefore assumes the node's clock
+    Without O(model), what is read from the log: the compiler's own count, C([N/M]) (ninja) or C([ NN%]) (make), the
+    kit's build scripts' markers C(== configure <stamp>), C(== build <stamp>) and C(== <stamp> step i/n:) (a step
+    starts a new count), and the UTC stamp on the first line as the start; the elapsed time therefore assumes the node's clock
     agrees with the control machine's and is left out when it does not plausibly.
 options:
   jid:

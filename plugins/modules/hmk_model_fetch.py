@@ -176,8 +176,8 @@ import pwd
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_hub import hub_source
-from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_model_sync import (ProgressLog, Source, SyncError, Syncer,
-                                                                             one_sync_at_a_time, validate_catalog)
+from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_model_sync import (
+    ProgressLog, Source, SyncError, Syncer, one_sync_at_a_time, validate_catalog)
 
 
 def main():

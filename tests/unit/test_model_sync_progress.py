@@ -96,7 +96,8 @@ def test_a_sync_half_way_shows_bytes_rate_and_time_left(tmp_path, clock):
 
 def test_files_done_count_and_the_active_files_rate_is_the_rate(tmp_path, clock):
     lines = run_sync(tmp_path, {"a.bin": 2 * MIB, "b.bin": 6 * MIB})
-    # a.bin published, b.bin half-way (3 MiB): 5 of 8 MiB, at b's 3 MiB/s (3.1 MB/s in the log) the 3 MiB left take 1.01 s, shown as 2s.
+    # a.bin published, b.bin half-way (3 MiB): 5 of 8 MiB; at b's 3 MiB/s (3.1 MB/s in the log) the 3 MiB left take
+    # 1.01 s, shown as 2s.
     at = next(i for i, line in enumerate(lines) if "b.bin: 3145728/" in line)
     assert hmk.describe_sync_log(lines[:at + 1], MODEL) == "%s: 5.0 MiB of 8.0 MiB (62%%), 3.0 MiB/s, 2s left" % MODEL
 
@@ -150,7 +151,7 @@ def test_bytes_read_as_people_read_them(count, text):
 
 
 def test_a_second_model_waits_for_the_first_and_says_so(tmp_path):
-    first, second = hmk.ProgressLog(str(tmp_path / "log"), "first", 0), hmk.ProgressLog(str(tmp_path / "log"), "second", 0)
+    first, second = (hmk.ProgressLog(str(tmp_path / "log"), name, 0) for name in ("first", "second"))
     order = []
     with hmk.one_sync_at_a_time(str(tmp_path / "state"), first):
         waiter = threading.Thread(target=lambda: hmk.one_sync_at_a_time(str(tmp_path / "state"), second).__enter__()
@@ -239,10 +240,9 @@ def test_the_role_shows_each_model_sync_s_bytes_rate_and_time_left_and_reports_i
     bytes_rate_left = re.compile(r"^tiny-[ab]: [0-9.]+ MiB of 8\.0 MiB \(\d+%\), [0-9.]+ [KM]iB/s, \d+s left$")
     assert any(bytes_rate_left.match(line) for line in progress), out
     # Before a file's first progress line there is no rate yet; a job that waits for the node's other sync says so.
-    assert all(bytes_rate_left.match(line) or re.match(r"^tiny-[ab]: [0-9.]+ [KM]?i?B of 8\.0 MiB \(\d+%\)$", line) or line in ("tiny-a: starting, no progress yet",
-                                                       "tiny-b: starting, no progress yet",
-                                                       "tiny-a: " + hmk.WAITING, "tiny-b: " + hmk.WAITING)
-               for line in progress), progress
+    no_rate_yet = re.compile(r"^tiny-[ab]: [0-9.]+ [KM]?i?B of 8\.0 MiB \(\d+%\)$")
+    waiting = ["%s: %s" % (name, text) for name in ("tiny-a", "tiny-b") for text in ("starting, no progress yet", hmk.WAITING)]
+    assert all(bytes_rate_left.match(line) or no_rate_yet.match(line) or line in waiting for line in progress), progress
     # The last task reads each job's own result: the module's counts, with the model as item.
     for name in ("tiny-a", "tiny-b"):
         assert "%s: 1 file(s) fetched, %d bytes received, %d bytes were missing." % (name, 8 * MIB, 8 * MIB) in out
