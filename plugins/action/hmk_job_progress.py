@@ -1,7 +1,8 @@
 # -*- coding: utf-8 -*-
 """One poll of a background job with its progress (see plugins/modules/hmk_job_progress.py for the documentation):
 async_status's result, unchanged, plus `hmk_progress`, a line read from the end of the job's own log on the node
-(the build writes its log directly; nothing sits between the compiler and the log).
+(the build writes its log directly; nothing sits between the compiler and the log), or with `model` that model's
+bytes, rate and time left read from the model sync's shared log (hmk_model_fetch's lines, read by module_utils).
 The stdout callback hmk.moe_kit.hmk_progress prints that line in place of the FAILED - RETRYING line of `until`."""
 from __future__ import absolute_import, division, print_function
 
@@ -12,18 +13,25 @@ import time
 
 from ansible.plugins.action import ActionBase
 from ansible.utils.vars import merge_hash
+from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_model_sync import (
+    LOG_PROGRESS_MARK, describe_sync_log, format_duration)
 
 __metaclass__ = type
 
 ARGUMENT_SPEC = dict(
     jid=dict(type="str", required=True),
     log=dict(type="str"),
+    model=dict(type="str"),
 )
 
 # Elapsed times above a week come from a clock that disagrees with the node's, not from a build.
 _MAX_PLAUSIBLE_ELAPSED = 7 * 86400
 # The end of the log that one poll reads: enough for the compiler's last count line between warnings.
 TAIL_LINES = 80
+# The model sync's log is shared by every model and every run: one model's lines, all but its progress lines (the
+# start of the run and each file's start and end, a few per file), then its last lines, with the latest progress.
+SYNC_EVENT_LINES = 1000
+SYNC_TAIL_LINES = 40
 _TAIL_MARK = "--hmk-job-progress-tail--"
 
 _STAMP = re.compile(r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)Z")
@@ -32,13 +40,7 @@ _NINJA = re.compile(r"^\s*\[(\d+)/(\d+)\] ")
 _MAKE = re.compile(r"^\s*\[ *(\d{1,3})%\] ")
 
 
-def format_elapsed(seconds):
-    seconds = int(seconds)
-    if seconds >= 3600:
-        return "%dh%02dm" % (seconds // 3600, seconds % 3600 // 60)
-    if seconds >= 60:
-        return "%dm%02ds" % (seconds // 60, seconds % 60)
-    return "%ds" % seconds
+format_elapsed = format_duration
 
 
 def read_log(first, tail):
@@ -105,6 +107,21 @@ class ActionModule(ActionBase):
         first, tail = out.split(_TAIL_MARK, 1)
         return first.strip("\n"), tail.lstrip("\n")
 
+    def _read_sync_log(self, path, model, results_file):
+        """(start of the job by the node's clock, or None; `model`'s lines of the shared log): the job's results file
+        is written when the job starts, so lines stamped before it are an earlier run's."""
+        log, mine = shlex.quote(path), shlex.quote(" %s " % model)
+        cmd = ("stat -c %%Y -- %s; echo %s; grep -F -e %s -- %s | grep -v -F -e %s | tail -n %d; "
+               "grep -F -e %s -- %s | tail -n %d"
+               % (shlex.quote(results_file), _TAIL_MARK, mine, log, shlex.quote(LOG_PROGRESS_MARK), SYNC_EVENT_LINES,
+                  mine, log, SYNC_TAIL_LINES))
+        out = self._low_level_execute_command(cmd, sudoable=True).get("stdout") or ""
+        if _TAIL_MARK not in out:
+            return None, []
+        since, lines = out.split(_TAIL_MARK, 1)
+        since = since.strip()
+        return (int(since) if since.isdigit() else None), lines.splitlines()
+
     def run(self, tmp=None, task_vars=None):
         result = super(ActionModule, self).run(tmp, task_vars)
         validation, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
@@ -121,7 +138,16 @@ class ActionModule(ActionBase):
         for key in ("started", "finished"):
             result[key] = bool(result[key])
 
-        if not result["finished"] and not result.get("failed"):
+        if args.get("model"):
+            # The finished job's module arguments stay off the screen (the task that started it may hide them).
+            result.pop("invocation", None)
+        if result["finished"] or result.get("failed"):
+            return result
+        if args.get("model"):
+            since, lines = self._read_sync_log(args["log"], args["model"], result["results_file"]) if args.get("log") \
+                else (None, [])
+            result["hmk_progress"] = describe_sync_log(lines, args["model"], since)
+        else:
             first, tail = self._read_log(args["log"]) if args.get("log") else (None, None)
             result["hmk_progress"] = describe_progress(first, tail, log=args.get("log"))
         return result

@@ -11,7 +11,8 @@ description:
   - >-
     Ansible's default stdout callback (P(ansible.builtin.default#callback)) with one change. When a task retried by
     C(until) carries C(hmk_progress) in its result (M(hmk.moe_kit.hmk_job_progress) does), the retry prints
-    C([host] task name: 312/1024 objects compiled) with the percentage and the time elapsed, instead of
+    C([host] task name: 312/1024 objects compiled) with the percentage and the time elapsed, or for a model sync
+    C(tiny-qwen3moe: 1.2 GiB of 3.4 GiB) with the percentage, the rate and the time left, instead of
     the C(FAILED - RETRYING) line with its count of retries left, which made every build look like a failure.
   - Every other line is the default callback's, with its options (result format, diff, skipped and ok hosts).
 author: hybrid-moe-kit developers (@hybrid-moe-kit)

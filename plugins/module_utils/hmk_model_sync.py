@@ -11,10 +11,14 @@ staging, where the next run resumes it. A bad file never replaces a good one: it
 """
 from __future__ import absolute_import, division, print_function
 
+import calendar
+import contextlib
 import errno
+import fcntl
 import hashlib
 import http.client
 import json
+import math
 import mmap
 import os
 import queue
@@ -288,6 +292,127 @@ class ProgressLog:
         self.stop.set()
         if self.thread:
             self.thread.join()
+
+
+# The progress log read back (the controller's view of a sync, hmk_job_progress): the lines ProgressLog and Syncer
+# write above, `<UTC stamp> <model> <text>`, one reader beside the writer so the two cannot drift apart.
+WAITING = "waiting: another model's sync holds this node"
+_LOG_LINE = re.compile(r"^(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)Z (\S+) (.*)$")
+_LOG_START = re.compile(r"^sync of (\d+) file\(s\), (\d+) bytes missing, ")
+_LOG_FETCHING = re.compile(r"^(.+): fetching (\d+) bytes from ")
+_LOG_RESUMING = re.compile(r"^(.+): resuming at byte (\d+) of (\d+) \(")
+_LOG_PROGRESS = re.compile(r"^(.+): (\d+)/(\d+) bytes \([0-9.]+%\) at ([0-9.]+) MB/s, ETA ")
+_LOG_PUBLISHED = re.compile(r"^(.+): verified \(sha256 [0-9a-f]{64}\) and published$")
+# What the node's shell greps out of the shared log for one model: the progress lines are most of it.
+LOG_PROGRESS_MARK = " MB/s, ETA "
+
+
+def format_duration(seconds):
+    seconds = int(seconds)
+    if seconds >= 3600:
+        return "%dh%02dm" % (seconds // 3600, seconds % 3600 // 60)
+    if seconds >= 60:
+        return "%dm%02ds" % (seconds // 60, seconds % 60)
+    return "%ds" % seconds
+
+
+def format_bytes(count, suffix=""):
+    value, unit = float(count), "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            break
+        value /= 1024
+    if unit == "B":
+        return "%d B%s" % (count, suffix)
+    return ("%.1f %s%s" if value < 10 else "%.0f %s%s") % (value, unit, suffix)
+
+
+def read_sync_log(lines, model, since=None):
+    """The state of `model`'s latest sync from its progress-log lines (in log order; repeats are harmless, so a tail
+    of the log's last lines may follow its other lines). Lines stamped before `since` (epoch seconds) are an earlier
+    run's. The last `sync of` line starts the run; files are followed by their fetching, resuming, progress, ERROR and
+    published lines."""
+    state = dict(waiting=False, started=None, last=None, needed=None, active={}, done={}, failed=[])
+    parsed = []
+    for line in lines:
+        match = _LOG_LINE.match(line.rstrip("\n"))
+        if not match or match.group(7) != model:
+            continue
+        stamp = calendar.timegm(tuple(int(part) for part in match.groups()[:6]) + (0, 0, 0))
+        if since is None or stamp >= since:
+            parsed.append((stamp, match.group(8)))
+    for stamp, text in parsed:
+        start = _LOG_START.match(text)
+        if start:
+            state.update(waiting=False, started=stamp, last=stamp, needed=int(start.group(2)), active={}, done={},
+                         failed=[])
+            continue
+        state["last"] = stamp if state["last"] is None else max(state["last"], stamp)
+        fetching, resuming, published = _LOG_FETCHING.match(text), _LOG_RESUMING.match(text), _LOG_PUBLISHED.match(text)
+        progress = _LOG_PROGRESS.match(text)
+        if text == WAITING and state["started"] is None:
+            state["waiting"] = True
+        elif fetching:
+            state["active"][fetching.group(1)] = [0, int(fetching.group(2)), 0, None]
+        elif resuming:
+            offset = int(resuming.group(2))
+            state["active"][resuming.group(1)] = [offset, int(resuming.group(3)), offset, None]
+        elif published and published.group(1) in state["active"]:
+            offset, size = state["active"].pop(published.group(1))[:2]
+            state["done"][published.group(1)] = size - offset
+        elif progress and progress.group(1) in state["active"]:
+            state["active"][progress.group(1)][2:] = [int(progress.group(2)), float(progress.group(4)) * 1e6]
+        elif text.startswith("ERROR "):
+            for name in list(state["active"]):
+                if text[6:].startswith(name + ":") or text[6:].startswith(name + " "):
+                    offset, _size, done = state["active"].pop(name)[:3]
+                    state["done"][name] = done - offset
+                    state["failed"] = sorted(set(state["failed"]) | {name})
+    return state
+
+
+def describe_sync_log(lines, model, since=None):
+    """One line for the controller: `<model>: 1.2 GiB of 3.4 GiB (35%), 412 MiB/s, 5m40s left` (the bytes missing
+    when the sync began; the rate from the files' own progress lines, else bytes over the time the log covers)."""
+    state = read_sync_log(lines, model, since)
+    if state["started"] is None:
+        return "%s: %s" % (model, WAITING if state["waiting"] else "starting, no progress yet")
+    received = sum(state["done"].values()) + sum(max(done - offset, 0) for offset, _size, done, _rate
+                                                 in state["active"].values())
+    needed = state["needed"]
+    parts = ["%s of %s" % (format_bytes(received), format_bytes(needed))]
+    if needed:
+        parts[0] += " (%d%%)" % min(100, received * 100 // needed)
+    rates = [rate for _offset, _size, _done, rate in state["active"].values() if rate is not None]
+    elapsed = (state["last"] or state["started"]) - state["started"]
+    rate = sum(rates) if rates else (received / elapsed if elapsed > 0 else 0)
+    if rate > 0 and state["active"]:
+        parts.append(format_bytes(rate, "/s"))
+        parts.append("%s left" % format_duration(math.ceil(max(needed - received, 0) / rate)))
+    if state["failed"]:
+        parts.append("%d file(s) failed" % len(state["failed"]))
+    return "%s: %s" % (model, ", ".join(parts))
+
+
+@contextlib.contextmanager
+def one_sync_at_a_time(state_dir, log):
+    """Holds the node's sync lock (`<state_dir>/.sync.lock`) for one model's run: the role starts one background job
+    per model, and one at a time keeps each run's free-space check true and the source's load what it was. A job that
+    has to wait says so in the log first. The kernel drops the lock when the process ends, however it ends."""
+    if not os.path.isdir(state_dir):
+        os.makedirs(state_dir, 0o755)
+    handle = open(os.path.join(state_dir, ".sync.lock"), "a")
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except (IOError, OSError) as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+            log.line(WAITING)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+    finally:
+        handle.close()
 
 
 def _size_of(path):

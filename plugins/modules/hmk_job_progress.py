@@ -20,9 +20,15 @@ description:
   - A module cannot print while it runs; the stdout callback C(hmk.moe_kit.hmk_progress) prints RV(hmk_progress) at
     each retry in place of Ansible's C(FAILED - RETRYING) line.
   - >-
-    What is read from the log: the compiler's own count, C([N/M]) (ninja) or C([ NN%]) (make), the kit's build
-    scripts' markers C(== configure <stamp>), C(== build <stamp>) and C(== <stamp> step i/n:) (a step starts a new
-    count), and the UTC stamp on the first line as the start; the elapsed time therefore assumes the node's clock
+    With O(model), O(log) is the model sync's log, the one M(hmk.moe_kit.hmk_model_fetch) writes (its C(log_path)),
+    shared by every model and run: that model's lines written since its job started are read and RV(hmk_progress) is
+    such as C(tiny-qwen3moe: 1.2 GiB of 3.4 GiB) with the percentage, then C(412 MiB/s, 5m40s left): the bytes missing
+    when the sync began, the files' own rates (or the bytes over the time the log covers), and the time left at that
+    rate. The finished job's module arguments, C(invocation), are left out of the result.
+  - >-
+    Without O(model), what is read from the log: the compiler's own count, C([N/M]) (ninja) or C([ NN%]) (make), the
+    kit's build scripts' markers C(== configure <stamp>), C(== build <stamp>) and C(== <stamp> step i/n:) (a step
+    starts a new count), and the UTC stamp on the first line as the start; the elapsed time therefore assumes the node's clock
     agrees with the control machine's and is left out when it does not plausibly.
 options:
   jid:
@@ -32,6 +38,9 @@ options:
   log:
     description: The job's log on the node, which the job writes as it goes. Without it RV(hmk_progress) says
       C(no progress yet); while it cannot be read yet, RV(hmk_progress) names it.
+    type: str
+  model:
+    description: The model whose sync the job is; O(log) is then read as the model sync's log (see above).
     type: str
 notes:
   - Supports check mode as async_status does; a job cannot be started in check mode, so such tasks usually skip it.
@@ -56,6 +65,16 @@ EXAMPLES = r"""
   register: build_run
   until: build_run.finished
   retries: 241
+  delay: 15
+
+- name: A model's sync, checked every 15 s with its bytes, rate and time left
+  hmk.moe_kit.hmk_job_progress:
+    jid: "{{ sync_job.ansible_job_id }}"
+    log: /var/log/hmk-model-sync.log
+    model: tiny-qwen3moe
+  register: sync_run
+  until: sync_run.finished
+  retries: 11521
   delay: 15
 """
 

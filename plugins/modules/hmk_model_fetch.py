@@ -19,6 +19,13 @@ description:
   - Checks sha256 and size, then the GGUF header against the catalog, then renames into place. A file that
     fails goes to the quarantine directory; the published copy is never replaced by a bad one.
   - Writes progress lines to C(log_path) while it runs. Supports check mode (reports what it would fetch).
+  - >-
+    One model at a time per node: a run (not check mode) holds C(<state_dir>/.sync.lock), so that jobs started side by
+    side for several models (async, one per model) fetch one after the other and each run's free-space check stays
+    true; a run that has to wait writes a C(waiting) line to C(log_path) first.
+  - >-
+    M(hmk.moe_kit.hmk_job_progress) with its O(hmk.moe_kit.hmk_job_progress#module:model) option reads these lines
+    back and reports bytes, rate and time left on the control machine.
 options:
   model:
     description: Catalog name of the model (used in paths under state_dir and quarantine_dir, and in messages).
@@ -169,7 +176,8 @@ import pwd
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_hub import hub_source
-from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_model_sync import ProgressLog, Source, SyncError, Syncer, validate_catalog
+from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_model_sync import (
+    ProgressLog, Source, SyncError, Syncer, one_sync_at_a_time, validate_catalog)
 
 
 def main():
@@ -226,7 +234,11 @@ def main():
                         gguf_expect=p["gguf_expect"], parallel=p["parallel"], rehash=p["rehash"],
                         margin=p["free_space_margin"], log=log, owner=owner, group=group, mode=int(p["mode"], 8),
                         check_mode=module.check_mode, staging_dir=p["staging_dir"])
-        result = syncer.run()
+        if module.check_mode:
+            result = syncer.run()
+        else:
+            with one_sync_at_a_time(p["state_dir"], log):
+                result = syncer.run()
     except SyncError as exc:
         module.fail_json(msg="%s: %s" % (p["model"], exc), bytes_received=0)
     except (IOError, OSError) as exc:

@@ -1,7 +1,7 @@
 """Progress that looks like progress (issue 29 item 4): the build scripts write the compiler's output straight to their
 log, hmk_job_progress returns the compiler's own count read from the log's end with async_status's result, and the
 hmk_progress stdout callback prints it at each retry instead of FAILED - RETRYING, every other line being the default
-callback's."""
+callback's; with `model` the same for a model sync, from hmk_model_fetch's own log lines."""
 import os
 import shlex
 import subprocess
@@ -147,6 +147,66 @@ def test_a_finished_job_returns_its_output_without_progress(base_run):
     result = action({"ansible.builtin.async_status": done}, ARGS).run(task_vars={})
     assert result["finished"] is True and result["stdout"] == '{"build_seconds": 600}' and result["rc"] == 0
     assert "hmk_progress" not in result
+
+
+# --- the model sync's jobs (model): that model's lines of the shared log, since its job started --------------------
+
+SYNC_ARGS = {"jid": "j9.1", "log": "/var/log/hmk-model-sync.log", "model": "tiny-qwen3moe"}
+SYNC_RUNNING = {"started": 1, "finished": 0, "ansible_job_id": "j9.1"}
+# The format is hmk_model_fetch's (ProgressLog and Syncer write it; tests/unit/test_model_sync_progress.py makes these
+# lines with the real writer): another model's lines and this model's earlier run are in the same log.
+SYNC_LOG = """2026-12-03T11:00:00Z tiny-qwen3moe sync of 1 file(s), 100 bytes missing, 9 bytes free at /m, from http://p/m
+2026-12-03T12:00:00Z tiny-qwen3moe sync of 2 file(s), 3221225472 bytes missing, 9 bytes free at /m, from http://p/m
+2026-12-03T12:00:00Z tiny-qwen3moe a.gguf: fetching 1073741824 bytes from http://p/m/a.gguf
+2026-12-03T12:00:00Z tiny-qwen3moe b.gguf: fetching 2147483648 bytes from http://p/m/b.gguf
+2026-12-03T12:00:01Z other-model x.gguf: 5/9 bytes (55.6%%) at 900.0 MB/s, ETA 0m00s
+2026-12-03T12:00:04Z tiny-qwen3moe a.gguf: verified (sha256 %s) and published
+2026-12-03T12:00:10Z tiny-qwen3moe b.gguf: 1073741824/2147483648 bytes (50.0%%) at 104.9 MB/s, ETA 0m10s
+""" % ("0" * 64)
+
+
+def test_a_model_sync_job_reports_bytes_rate_and_time_left_of_its_own_run(base_run):
+    # The job's results file was written at 2026-12-03T11:59:59Z (node clock): the 11:00 run is an earlier one's.
+    out = "1796299199\n%s\n%s" % (MARK, SYNC_LOG)
+    plugin = action({"ansible.builtin.async_status": SYNC_RUNNING, "command": {"rc": 0, "stdout": out}}, SYNC_ARGS)
+    result = plugin.run(task_vars={})
+    assert result["finished"] is False
+    assert result["hmk_progress"] == "tiny-qwen3moe: 2.0 GiB of 3.0 GiB (66%), 100 MiB/s, 11s left"
+    mine, log = "' tiny-qwen3moe '", "/var/log/hmk-model-sync.log"
+    assert plugin.calls[1] == ("command", "stat -c %%Y -- /root/.ansible_async/j9.1; echo %s; "
+                                          "grep -F -e %s -- %s | grep -v -F -e ' MB/s, ETA ' | tail -n 1000; "
+                                          "grep -F -e %s -- %s | tail -n 40" % (MARK, mine, log, mine, log))
+
+
+def test_a_model_sync_job_before_its_first_line_is_not_the_earlier_run(base_run):
+    out = "1796299199\n%s\n%s" % (MARK, SYNC_LOG.splitlines()[0])
+    result = action({"ansible.builtin.async_status": SYNC_RUNNING, "command": {"rc": 0, "stdout": out}},
+                    SYNC_ARGS).run(task_vars={})
+    assert result["hmk_progress"] == "tiny-qwen3moe: starting, no progress yet"
+
+
+def test_a_finished_model_sync_returns_the_module_s_result_without_its_arguments(base_run):
+    done = {"started": 1, "finished": 1, "changed": True, "fetched": ["a.gguf"], "bytes_received": 7,
+            "bytes_needed": 7, "invocation": {"module_args": {"http_token": "VALUE_SPECIFIED_IN_NO_LOG_PARAMETER",
+                                                              "source_location": "http://p/m"}}}
+    plugin = action({"ansible.builtin.async_status": done}, SYNC_ARGS)
+    result = plugin.run(task_vars={})
+    assert result["fetched"] == ["a.gguf"] and result["bytes_received"] == 7 and result["changed"] is True
+    assert "invocation" not in result and "hmk_progress" not in result
+    assert [call[0] for call in plugin.calls] == ["ansible.builtin.async_status"]
+
+
+def test_the_callback_prints_the_model_sync_s_progress_line():
+    task = "Checked at each poll, each model's sync from the source has finished"
+    display = FakeDisplay()
+    callback = CallbackModule()
+    callback._display = display
+    callback.set_options()
+    progress = "tiny-qwen3moe: 1.2 GiB of 3.4 GiB (35%), 412 MiB/s, 5m40s left"
+    data = dict(attempts=2, retries=11521, finished=False, started=True, ansible_job_id="j9.1", hmk_progress=progress,
+                item={"key": "tiny-qwen3moe"}, ansible_loop_var="item")
+    callback.v2_runner_retry(CallbackTaskResult(Host("epyc-node"), Task(), data, {"name": task}))
+    assert display.lines == [("  [epyc-node] %s: %s" % (task, progress), C.COLOR_DEBUG)]
 
 
 # 1000000 s after the epoch is 1970-01-12T13:46:40Z; "now" is 250 s later.
