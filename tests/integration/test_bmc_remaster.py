@@ -216,7 +216,7 @@ def test_a_menu_whose_first_item_is_a_submenu_stops_with_the_reason_and_leaves_n
     menu = "submenu 'Advanced options ...' {\n    menuentry 'Install' {\n        linux /install.amd/vmlinuz ---\n" \
            "    }\n}\n"
     node = {"deb-node": ("debian",) + make_iso(tmp_path, "debian", menu=menu)}
-    r, _ = run_remaster(tmp_path, node)
+    r, _unused = run_remaster(tmp_path, node)
     assert r.returncode != 0
     assert "cannot be made unattended: the first item of the GRUB menu is a submenu" in r.stdout
     assert not built(tmp_path, "deb-node") and not list((tmp_path / "seeds" / "deb-node").glob("*.part"))

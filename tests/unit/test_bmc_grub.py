@@ -42,7 +42,7 @@ def test_debian_graphical_install_boots_with_the_preseed_before_the_separator():
     assert words.index("preseed/url=http://seeds.lab:8080/hmk/epyc-node/preseed.cfg") < words.index("---")
     assert out.count("preseed/url=") == 1
     # The entry edited is the first top-level one, the one GRUB boots at the timeout.
-    start, _ = grub.first_entry(out)
+    start, _end = grub.first_entry(out)
     assert out.splitlines()[start].startswith("menuentry --hotkey=g 'Graphical install'")
 
 

@@ -157,7 +157,7 @@ def test_a_second_model_waits_for_the_first_and_says_so(tmp_path):
         waiter = threading.Thread(target=lambda: hmk.one_sync_at_a_time(str(tmp_path / "state"), second).__enter__()
                                   or order.append("second"))
         waiter.start()
-        for _ in range(200):
+        for _attempt in range(200):
             if os.path.exists(str(tmp_path / "log")):
                 break
             time.sleep(0.01)
