@@ -16,6 +16,7 @@ import yaml
 
 from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar, trust_as_template
+import unit_support
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,14 +29,7 @@ FACTS = {"processor_vcpus": 2, "processor_cores": 2, "processor_count": 1, "dist
 ROLE_CONTEXT = {"ktransformers_build": {"hmk_ktransformers": {"method": "BF16", "weight_path": "/srv/kt-models/tiny"}}}
 
 
-def _trust(value):
-    if isinstance(value, str):
-        return trust_as_template(value)
-    if isinstance(value, list):
-        return [_trust(v) for v in value]
-    if isinstance(value, dict):
-        return dict((k, _trust(v)) for k, v in value.items())
-    return value
+_trust = unit_support.trust
 
 
 def _load(path):

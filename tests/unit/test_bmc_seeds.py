@@ -14,6 +14,7 @@ import yaml
 
 from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar, trust_as_template
+import unit_support
 
 REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "roles" / "bmc"
@@ -22,14 +23,7 @@ HASH = "$6$hmksalt$Zq0u3kQ5y7Wm9P1Q2rS3tU4vW5xY6zA7bC8dE9fG0hI1jK2lM3nO4pQ5rS6tU
 BMC_PASSWORD = "Redfish-secret-pw-42"
 
 
-def _trust(value):
-    if isinstance(value, str):
-        return trust_as_template(value)
-    if isinstance(value, list):
-        return [_trust(v) for v in value]
-    if isinstance(value, dict):
-        return dict((k, _trust(v)) for k, v in value.items())
-    return value
+_trust = unit_support.trust
 
 
 def _templar(**overrides):

