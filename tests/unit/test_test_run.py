@@ -76,3 +76,22 @@ def test_a_failed_member_stops_the_run_after_its_group(tmp_path, monkeypatch):
     report = json.loads((tmp_path / "reports" / "timing.json").read_text())
     assert [(p["name"], p["rc"]) for p in report["parts"]] == [("slow1", 0), ("bad", 2)]
     assert not (tmp_path / "after.ran").exists()
+
+
+def test_cpu_busy_share_is_measured_from_proc_stat_and_shown_per_part():
+    before = tr._cpu_times()
+    sum(i * i for i in range(200000))  # some work between the two readings
+    after = tr._cpu_times()
+    assert 0 < before[0] <= before[1] and after[1] > before[1]
+    share = tr._busy_pct(before, after)
+    assert share is not None and 0 <= share <= 100
+    # Idle and iowait are not busy: 300 of 1000 jiffies busy is 30 %; no elapsed jiffies gives no figure.
+    assert tr._busy_pct((100, 1000), (400, 2000)) == 30
+    assert tr._busy_pct((5, 10), (5, 10)) is None
+    report = {"commit": "abc", "started": "2026-12-03T16:00:00Z", "cold": True, "cores": 2, "rc": 0,
+              "total_seconds": 60, "scenarios": [],
+              "parts": [{"name": "unit", "seconds": 50, "rc": 0, "cache": "", "cpu_busy_pct": 97},
+                        {"name": "old", "seconds": 10, "rc": 0, "cache": ""}]}
+    table = tr.render(report)
+    assert "| `unit` | 50 |  | 97 % |" in table
+    assert "| `old` | 10 |  |  |" in table  # a report from before the column still renders
