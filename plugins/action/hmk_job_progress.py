@@ -141,6 +141,11 @@ class ActionModule(ActionBase):
         if args.get("model"):
             # The finished job's module arguments stay off the screen (the task that started it may hide them).
             result.pop("invocation", None)
+        if result["finished"]:
+            # The job's results file has been read: it is removed (async_status mode=cleanup), so that each build and
+            # each model sync leaves nothing behind in the node's async directory.
+            self._execute_module(module_name="ansible.builtin.async_status",
+                                 module_args=dict(jid=jid, mode="cleanup", _async_dir=async_dir), task_vars=task_vars)
         if result["finished"] or result.get("failed"):
             return result
         if args.get("model"):

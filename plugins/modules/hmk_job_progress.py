@@ -26,6 +26,10 @@ description:
     when the sync began, the files' own rates (or the bytes over the time the log covers), and the time left at that
     rate. The finished job's module arguments, C(invocation), are left out of the result.
   - >-
+    Once the job has finished, its results file in the node's async directory is removed (M(ansible.builtin.async_status)
+    with C(mode=cleanup)) after it was read, so that builds and model syncs leave no file behind there. A job is
+    therefore read as finished once only.
+  - >-
     Without O(model), what is read from the log: the compiler's own count, C([N/M]) (ninja) or C([ NN%]) (make), the
     kit's build scripts' markers C(== configure <stamp>), C(== build <stamp>) and C(== <stamp> step i/n:) (a step
     starts a new count), and the UTC stamp on the first line as the start; the elapsed time therefore assumes the node's clock

@@ -139,14 +139,26 @@ def test_a_failed_job_fails_as_with_async_status_and_reads_no_log(base_run):
     assert result["failed"] is True and result["rc"] == 2 and result["finished"] is True
     assert result["stderr"].startswith("build of b1 failed")
     assert "hmk_progress" not in result
-    assert [call[0] for call in plugin.calls] == ["ansible.builtin.async_status"]
+    # Read once, then the finished job's results file is removed from the node's async directory.
+    assert plugin.calls == [
+        ("ansible.builtin.async_status", {"jid": "j1.2", "mode": "status", "_async_dir": "/root/.ansible_async"}),
+        ("ansible.builtin.async_status", {"jid": "j1.2", "mode": "cleanup", "_async_dir": "/root/.ansible_async"}),
+    ]
 
 
 def test_a_finished_job_returns_its_output_without_progress(base_run):
     done = {"started": 1, "finished": 1, "rc": 0, "stdout": '{"build_seconds": 600}', "changed": True}
-    result = action({"ansible.builtin.async_status": done}, ARGS).run(task_vars={})
+    plugin = action({"ansible.builtin.async_status": done}, ARGS)
+    result = plugin.run(task_vars={})
     assert result["finished"] is True and result["stdout"] == '{"build_seconds": 600}' and result["rc"] == 0
     assert "hmk_progress" not in result
+    assert [args["mode"] for name, args in plugin.calls] == ["status", "cleanup"]
+
+
+def test_a_running_job_keeps_its_results_file(base_run):
+    plugin = action({"ansible.builtin.async_status": RUNNING, "command": {"rc": 1, "stdout": ""}}, ARGS)
+    plugin.run(task_vars={})
+    assert [args.get("mode") for name, args in plugin.calls if name == "ansible.builtin.async_status"] == ["status"]
 
 
 # --- the model sync's jobs (model): that model's lines of the shared log, since its job started --------------------
@@ -193,7 +205,9 @@ def test_a_finished_model_sync_returns_the_module_s_result_without_its_arguments
     result = plugin.run(task_vars={})
     assert result["fetched"] == ["a.gguf"] and result["bytes_received"] == 7 and result["changed"] is True
     assert "invocation" not in result and "hmk_progress" not in result
-    assert [call[0] for call in plugin.calls] == ["ansible.builtin.async_status"]
+    # No log is read for a finished job; its results file is removed.
+    assert [(name, args.get("mode")) for name, args in plugin.calls] == [
+        ("ansible.builtin.async_status", "status"), ("ansible.builtin.async_status", "cleanup")]
 
 
 def test_the_callback_prints_the_model_sync_s_progress_line():
