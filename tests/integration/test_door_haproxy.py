@@ -68,7 +68,7 @@ def engine_class(seen):
     return Engine
 
 
-def run_play(work, variables):
+def run_play(work, variables, *args, ok=True):
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
                ANSIBLE_LOCAL_TEMP=str(work / "tmp"), ANSIBLE_STDOUT_CALLBACK="default", ANSIBLE_CALLBACKS_ENABLED="ansible.posix.timer",
                ANSIBLE_CACHE_PLUGIN="memory")
@@ -76,9 +76,9 @@ def run_play(work, variables):
     extra.write_text(json.dumps(variables))
     extra.chmod(0o600)
     cmd = [str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(work / "inventory.json"),
-           str(REPO / "tests" / "integration" / "door_play.yml"), "-e", "@" + str(extra)]
+           str(REPO / "tests" / "integration" / "door_play.yml"), "-e", "@" + str(extra), *args]
     r = subprocess.run(cmd, cwd=str(REPO), env=env, capture_output=True, text=True, timeout=600, check=False)
-    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
+    assert (r.returncode == 0) == ok, r.stdout[-6000:] + r.stderr[-3000:]
     return r
 
 
@@ -145,12 +145,6 @@ def fleet(tmp_path_factory):
             cfg.write_text(process_config(ddir / "haproxy.cfg"))
             start_haproxy(cfg, node["inference_service_port"], procs)
             doors[name] = node["inference_service_port"]
-        # What the gateway role's doors.yml puts in place: the CA and, per node, its client certificate with the key.
-        (gw_dir / "doors").mkdir(mode=0o700)
-        shutil.copy(ca_dir / "ca.pem", gw_dir / "doors" / "ca.pem")
-        for name in nodes:
-            (gw_dir / "doors" / ("%s.pem" % name)).write_text(
-                (ca_dir / name / "gateway.pem").read_text() + (ca_dir / name / "gateway.key").read_text())
         # The gateway's own certificate for its clients (the role's tls.yml makes one the same way for a lab).
         (gw_dir / "tls").mkdir(mode=0o700)
         subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
@@ -235,6 +229,12 @@ def test_gateway_plans_one_client_certificate_per_door_and_no_shared_key(fleet):
         assert NODE_KEYS[name] not in fleet["gw_cfg"]
         assert NODE_KEYS[name] not in (fleet["work"] / name / "haproxy.cfg").read_text()
     assert "set-header Authorization" not in fleet["gw_cfg"]
+    # The gateway role's doors.yml: the CA, and per node its client certificate with the key, root only.
+    doors = Path(fleet["variables"]["gateway_config_dir"]) / "doors"
+    assert (doors / "ca.pem").read_text() == (fleet["ca"] / "ca.pem").read_text()
+    for name in NODE_KEYS:
+        assert (doors / ("%s.pem" % name)).stat().st_mode & 0o077 == 0
+        assert (fleet["ca"] / name / "gateway.key").read_text().strip() in (doors / ("%s.pem" % name)).read_text()
 
 
 def test_client_requests_reach_each_node_over_tls_with_that_nodes_key(fleet):
@@ -324,3 +324,13 @@ def test_certificates_are_kept_until_due_and_then_issued_again(fleet):
     assert _serial(cert) != serial
     assert (fleet["ca"] / "ca.key").stat().st_mode & 0o077 == 0
     assert (fleet["ca"] / "node-a" / "gateway.key").stat().st_mode & 0o077 == 0
+
+
+def test_a_gateway_without_a_nodes_certificate_stops_before_any_change(fleet, tmp_path):
+    gw_dir = tmp_path / "gw"
+    gw_dir.mkdir(mode=0o700)
+    variables = dict(fleet["variables"], hmk_door_ca_dir=str(tmp_path / "empty-ca"), gateway_config_dir=str(gw_dir))
+    r = run_play(fleet["work"], variables, "--limit", "gw", ok=False)
+    assert "missing under gateway_door_ca_dir" in r.stdout
+    assert "run playbooks/serve.yml on node-a, node-b first" in r.stdout
+    assert not (gw_dir / "doors").exists() and not (gw_dir / "haproxy.cfg").exists()
