@@ -13,9 +13,10 @@ _FOLD_RE = re.compile(r"[^a-z0-9-]+")
 
 
 def door_names(name):
-    """{slug, server, client} for the node `name`: the door's certificate names hmk-door-<slug> (the gateway checks it
-    with verifyhost), and the door lets in only a client certificate whose CN is hmk-gateway-to-<slug>: a certificate
-    issued for another node's connection opens no other door."""
+    """{slug, server, client, monitor} for the node `name`: the door's certificate names hmk-door-<slug> (the gateway
+    checks it with verifyhost), and the door lets in only a client certificate whose CN is hmk-gateway-to-<slug> (the
+    gateway's connection) or, for /metrics only, hmk-monitoring-to-<slug> (Prometheus'): a certificate issued for
+    another node's connection opens no other door."""
     name = str(name or "")
     slug = _FOLD_RE.sub("-", name.lower()).strip("-")
     if not slug:
@@ -23,4 +24,5 @@ def door_names(name):
     # A DNS label is at most 63 characters; the longest prefix is 14.
     if len(slug) > 48:
         raise ValueError("inventory name %r is too long for a door certificate name (48 characters at most)" % name)
-    return {"slug": slug, "server": "hmk-door-" + slug, "client": "hmk-gateway-to-" + slug}
+    return {"slug": slug, "server": "hmk-door-" + slug, "client": "hmk-gateway-to-" + slug,
+            "monitor": "hmk-monitoring-to-" + slug}

@@ -119,7 +119,9 @@ def fleet(tmp_path_factory):
                            inference_service_port=free_port(),
                            inference_service_door_engine_port=engines[name].server_address[1],
                            inference_service_api_key=NODE_KEYS[name],
-                           inference_service_door_config_dir=str(work / name))
+                           inference_service_door_config_dir=str(work / name),
+                           # Prometheus may read node-a's /metrics through its door; node-b lets the gateway only.
+                           inference_service_door_monitoring=(name == "node-a"))
     gw_port, stats_port = free_port(), free_port()
     (work / "inventory.json").write_text(json.dumps({"all": {"children": {
         "door_nodes": {"hosts": nodes}, "gateways": {"hosts": {"gw": local}}}}}))
@@ -203,9 +205,9 @@ def request(port, target, ctx, headers=None, method="GET"):
         conn.close()
 
 
-def door_ctx(fleet, name):
+def door_ctx(fleet, name, client="gateway"):
     node_dir = fleet["ca"] / name
-    return tls_context(node_dir / "gateway.pem", node_dir / "gateway.key", fleet["ca"] / "ca.pem")
+    return tls_context(node_dir / ("%s.pem" % client), node_dir / ("%s.key" % client), fleet["ca"] / "ca.pem")
 
 
 def wait_until(predicate, timeout=15):
@@ -334,3 +336,20 @@ def test_a_gateway_without_a_nodes_certificate_stops_before_any_change(fleet, tm
     assert "missing under gateway_door_ca_dir" in r.stdout
     assert "run playbooks/serve.yml on node-a, node-b first" in r.stdout
     assert not (gw_dir / "doors").exists() and not (gw_dir / "haproxy.cfg").exists()
+
+
+def test_prometheus_certificate_reads_metrics_only_and_only_where_the_door_lets_it(fleet):
+    ctx = door_ctx(fleet, "node-a", "monitoring")
+    status, body = request(fleet["doors"]["node-a"], "/metrics", ctx, {"Authorization": "Bearer " + CLIENT_KEY})
+    assert status == 200, body
+    assert ("/metrics", "Bearer " + NODE_KEYS["node-a"], None) in fleet["seen"]["node-a"]
+    before = len(fleet["seen"]["node-a"])
+    for target in ("/v1/models", "/v1/chat/completions", "/slots"):
+        assert request(fleet["doors"]["node-a"], target, ctx)[0] == 404
+    assert [p for p, _, _ in fleet["seen"]["node-a"][before:] if p != "/health"] == []
+    # node-b's door lets the gateway only: its own Prometheus certificate, and node-a's, get no answer.
+    before = len(fleet["seen"]["node-b"])
+    for name in ("node-b", "node-a"):
+        status, body = request(fleet["doors"]["node-b"], "/metrics", door_ctx(fleet, name, "monitoring"))
+        assert status is None, (name, status, body)
+    assert [p for p, _, _ in fleet["seen"]["node-b"][before:] if p != "/health"] == []

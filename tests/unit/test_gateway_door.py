@@ -25,7 +25,8 @@ def test_a_door_node_gets_its_own_certificate_names_and_a_plain_node_none():
 
 def test_node_and_gateway_agree_on_the_names():
     assert svc.FilterModule().filters()["inference_service_door_names"]("epyc-01") == door_names("epyc-01") == {
-        "slug": "epyc-01", "server": "hmk-door-epyc-01", "client": "hmk-gateway-to-epyc-01"}
+        "slug": "epyc-01", "server": "hmk-door-epyc-01", "client": "hmk-gateway-to-epyc-01",
+        "monitor": "hmk-monitoring-to-epyc-01"}
 
 
 @pytest.mark.parametrize("value,is_door", [(True, True), ("true", True), ("yes", True), (False, False), ("false", False),
@@ -69,3 +70,29 @@ def test_without_doors_the_shared_key_rule_is_unchanged():
     assert g.gateway_backend_key(nodes, ["a", "b"]) == KEY_A
     with pytest.raises(g.AnsibleFilterError, match="must share one"):
         g.gateway_backend_key([{"inference_service_api_key": KEY_A}, {"inference_service_api_key": KEY_B}], ["a", "b"])
+
+
+def test_prometheus_scrapes_a_door_over_tls_with_its_own_certificate_and_no_key_file():
+    from ansible_collections.hmk.moe_kit.plugins.filter import monitoring as mon
+    configs = mon.scrape_configs([
+        {"name": "Door_A", "address": "10.0.0.5", "node_exporter_port": 9100, "engine_port": 8080, "engine_key": True,
+         "door": True, "door_monitoring": True},
+        {"name": "plain", "address": "10.0.0.6", "node_exporter_port": 9100, "engine_port": 8080, "engine_key": True}],
+        "5s", "/etc/prometheus/hmk")
+    by_job = {c["job_name"]: c for c in configs}
+    door_job = by_job["hmk_engine_Door_A"]
+    assert door_job["scheme"] == "https" and "authorization" not in door_job
+    assert door_job["tls_config"] == {"ca_file": "/etc/prometheus/hmk/doors/ca.pem",
+                                      "cert_file": "/etc/prometheus/hmk/doors/door-a.pem",
+                                      "key_file": "/etc/prometheus/hmk/doors/door-a.key",
+                                      "server_name": "hmk-door-door-a", "insecure_skip_verify": False}
+    # A node without a door is scraped as before.
+    assert "scheme" not in by_job["hmk_engine_plain"] and "tls_config" not in by_job["hmk_engine_plain"]
+    assert by_job["hmk_engine_plain"]["authorization"]["credentials_file"] == "/etc/prometheus/hmk/plain.api-key"
+
+
+def test_a_door_that_does_not_let_prometheus_in_is_refused_with_what_to_set():
+    from ansible_collections.hmk.moe_kit.plugins.filter import monitoring as mon
+    with pytest.raises(Exception, match="set inference_service_door_monitoring: true on a"):
+        mon.scrape_configs([{"name": "a", "address": "10.0.0.5", "node_exporter_port": 9100, "engine_port": 8080,
+                             "door": True}])
