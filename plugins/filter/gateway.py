@@ -3,7 +3,8 @@
 
 - gateway_servers: one backend server per serving node of the group, from the node's own inventory (the address
   and port its service listens on, its parallel slots), checked before anything is written;
-- gateway_backend_key: the one API key the nodes share, which the gateway adds to every request it forwards;
+- gateway_backend_key: the one API key the nodes share, which the gateway adds to every request it forwards (none
+  when a node has a door: each door adds its own node's key);
 - gateway_client_map / gateway_limit_map / gateway_concurrency_map: the client keys, stored only as sha256, each
   client's request rate and how many of its requests may be in progress at once.
 
@@ -17,6 +18,7 @@ import hashlib
 import ipaddress
 import re
 
+from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_door import door_names
 from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_haproxy import ADMF_FDRAIN, ADMF_FMAINT
 
 try:
@@ -66,13 +68,16 @@ def gateway_servers(nodes, names, gateway=None, shared_loopback=False):
     slots (HAProxy maxconn per server): gateway_node_slots, else inference_service_parallel when set, else the
     engine's default (1): HAProxy queues what the node cannot start at once, so the next free slot of any node
     takes it.
+    door: the node serves through its door (inference_service_door: TLS with a client certificate, the node's own key
+    added there); door_server is the name its certificate carries, door_client the CN of the client certificate the
+    gateway presents to it, door_slug names the files of that certificate.
     """
     nodes, names = list(nodes or []), list(names or [])
     if len(nodes) != len(names):
         _fail("gateway_servers: %d node variable sets for %d names" % (len(nodes), len(names)))
     if not names:
         _fail("The gateway's backend group has no hosts: nothing to balance over")
-    servers, seen = [], set()
+    servers, seen, slugs = [], set(), {}
     for name, node in zip(names, nodes):
         if not NAME_RE.match(name):
             _fail("Inventory name %r cannot name an HAProxy server (letters, digits, - _ . : only)" % name)
@@ -110,18 +115,54 @@ def gateway_servers(nodes, names, gateway=None, shared_loopback=False):
         if (address, port) in seen:
             _fail("%s: another node of the group already serves on %s:%d" % (name, address, port))
         seen.add((address, port))
-        servers.append({"name": name, "address": address, "port": port, "slots": slots})
+        server = {"name": name, "address": address, "port": port, "slots": slots}
+        if _door(node):
+            if str(_get(node, "inference_service_engine", "ik_llama.cpp")) == "ktransformers":
+                _fail("%s: inference_service_door is for the llama.cpp engines (ik_llama.cpp, llama.cpp); a "
+                      "KTransformers node stays on 127.0.0.1 or on its own address with inference_service_allowed_networks "
+                      "naming the gateway: set inference_service_door: false on %s" % (name, name))
+            try:
+                names_of = door_names(name)
+            except ValueError as exc:
+                _fail("%s: %s" % (name, exc))
+            if names_of["slug"] in slugs:
+                _fail("%s and %s fold to the same door certificate name %s: rename one in the inventory"
+                      % (slugs[names_of["slug"]], name, names_of["server"]))
+            slugs[names_of["slug"]] = name
+            server.update({"door": True, "door_server": names_of["server"], "door_client": names_of["client"],
+                           "door_slug": names_of["slug"]})
+        servers.append(server)
     return servers
+
+
+def _door(node):
+    value = _get(node, "inference_service_door", False)
+    if isinstance(value, str):
+        value = value.strip().lower() in ("true", "yes", "on", "1")
+    return bool(value)
 
 
 def gateway_backend_key(nodes, names):
     """The API key every node of the group requires (inference_service_api_key), '' when none does.
 
-    The gateway adds one key to every forwarded request, so the nodes must share it. The message names the
-    nodes, never a key."""
-    keys = {}
+    The gateway adds one key to every forwarded request, so the nodes must share it. A node with a door
+    (inference_service_door) adds its own key itself: the gateway then sends no key at all (HAProxy sets a header
+    before it picks the server, so one backend cannot send a key to some nodes only), and a node without a door
+    that requires a key is refused beside it. The message names the nodes, never a key."""
+    keys, doors = {}, []
     for name, node in zip(list(names or []), list(nodes or [])):
+        if _door(node):
+            doors.append(name)
+            continue
         keys.setdefault(str(_get(node, "inference_service_api_key", "") or ""), []).append(name)
+    if doors:
+        keyed = sorted(n for key, group in keys.items() if key for n in group)
+        if keyed:
+            _fail("%s serve through a door, which adds each node's own key: the gateway sends no shared key, so "
+                  "%s, which require an inference_service_api_key without a door, would refuse every request. Set "
+                  "inference_service_door: true on them too (each keeps its own key)"
+                  % (", ".join(sorted(doors)), ", ".join(keyed)))
+        return ""
     if len(keys) > 1:
         groups = sorted(sorted(v) for v in keys.values())
         _fail("The nodes behind one gateway must share one inference_service_api_key; these groups of nodes "

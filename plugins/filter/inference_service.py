@@ -15,6 +15,7 @@ import hashlib
 import json
 import re
 
+from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_door import door_names
 from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_validate import guard_filters
 
 try:
@@ -831,4 +832,5 @@ class FilterModule(object):
             "inference_service_config_hash": config_hash,
             "inference_service_file_entry": file_entry,
             "inference_service_answer_plan": answer_plan,
+            "inference_service_door_names": door_names,
         }, AnsibleFilterError)

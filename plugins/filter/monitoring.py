@@ -15,6 +15,7 @@ __metaclass__ = type
 import math
 import re
 
+from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_door import door_names
 from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_validate import guard_filters, refusal, rule_ip, rule_port
 
 try:
@@ -156,10 +157,13 @@ def _scaled(gbps):
 def scrape_configs(nodes, scrape_interval="15s", key_dir="/etc/prometheus/hmk"):
     """Prometheus scrape_configs for the inference nodes.
 
-    nodes: [{name, address, node_exporter_port, engine_port, engine_key (bool), gpu_exporter_port (0: none)}]. Every
-    target gets a `node` label (the inventory name) so the engine's and the kit's series join on it. The engine's
-    /metrics needs its API key when one is set: it is read from key_dir/<node>.api-key (credentials_file), never
-    written into the configuration.
+    nodes: [{name, address, node_exporter_port, engine_port, engine_key (bool), gpu_exporter_port (0: none), door
+    (bool), door_monitoring (bool)}]. Every target gets a `node` label (the inventory name) so the engine's and the
+    kit's series join on it. The engine's /metrics needs its API key when one is set: it is read from
+    key_dir/<node>.api-key (credentials_file), never written into the configuration. A node with a door
+    (inference_service_door) is scraped over TLS with the certificate issued for Prometheus' scrapes of that node
+    (key_dir/doors/<slug>.pem and .key, the door CA in key_dir/doors/ca.pem); its door adds the node's key, so no key
+    file is read. A door that does not let Prometheus in (inference_service_door_monitoring) is refused.
     """
     jobs = {"hmk_node": [], "hmk_engine": [], "hmk_gpu": []}
     for node in nodes or []:
@@ -180,7 +184,20 @@ def scrape_configs(nodes, scrape_interval="15s", key_dir="/etc/prometheus/hmk"):
         host = "[%s]" % address if ":" in address else address
         jobs["hmk_node"].append({"targets": ["%s:%d" % (host, int(node["node_exporter_port"]))], "labels": {"node": name}})
         engine = {"targets": ["%s:%d" % (host, int(node["engine_port"]))], "labels": {"node": name}}
-        if node.get("engine_key"):
+        if _true(node.get("door")):
+            if not _true(node.get("door_monitoring")):
+                _fail("%s serves through a door that lets the gateway only: set inference_service_door_monitoring: "
+                      "true on %s (its door then lets Prometheus read /metrics with a certificate of its own), or "
+                      "leave %s out of monitoring_server_nodes" % (name, name, name))
+            try:
+                names = door_names(name)
+            except ValueError as exc:
+                _fail("%s: %s" % (name, exc))
+            engine["tls"] = {"ca_file": "%s/doors/ca.pem" % key_dir,
+                             "cert_file": "%s/doors/%s.pem" % (key_dir, names["slug"]),
+                             "key_file": "%s/doors/%s.key" % (key_dir, names["slug"]),
+                             "server_name": names["server"]}
+        elif node.get("engine_key"):
             engine["key_file"] = "%s/%s.api-key" % (key_dir, name)
         jobs["hmk_engine"].append(engine)
         if int(node.get("gpu_exporter_port") or 0) > 0:
@@ -198,8 +215,17 @@ def scrape_configs(nodes, scrape_interval="15s", key_dir="/etc/prometheus/hmk"):
                   "static_configs": [{"targets": target["targets"], "labels": dict(target["labels"], job="hmk_engine")}]}
         if target.get("key_file"):
             config["authorization"] = {"type": "Bearer", "credentials_file": target["key_file"]}
+        if target.get("tls"):
+            config["scheme"] = "https"
+            config["tls_config"] = dict(target["tls"], insecure_skip_verify=False)
         configs.append(config)
     return configs
+
+
+def _true(value):
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "yes", "on", "1")
+    return bool(value)
 
 
 def gpu_exporter_choice(requested, gpu_count, dcgm_candidate):
