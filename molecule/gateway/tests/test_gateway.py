@@ -4,6 +4,7 @@ side_effect left the outcomes of its two events in the scenario's directory: loa
 health-event.json (gw-node-a's service stopped under load), load-upgrade.jsonl and upgrade-run.json (the rolling
 upgrade under load); each load line is one client request (start, end, status, ok, error).
 """
+import http.client
 import json
 import os
 import re
@@ -21,7 +22,12 @@ SCRATCH = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"])
 URL = "https://127.0.0.1:18591"
 # Each node on an address of its own, on the same port (molecule.yml): the gateway tells them apart by address.
 NODES = {"gw-node-a": ("127.0.0.2", 18593), "gw-node-b": ("127.0.0.3", 18593)}
-NODE_KEY = "hmk-test-node-key-5c1f0e9a7b3d"
+# gw-node-a serves plainly without a key; gw-node-b is behind its node door (TLS, only the gateway's certificate for
+# gw-node-b, its own key added by the door) and its engine listens on 127.0.0.1:18594, where its counters are read.
+NODE_B_KEY = "hmk-test-node-b-own-key-2d94c7e1a8"
+GROUP_KEY = "hmk-test-node-key-5c1f0e9a7b3d"  # the group's key in molecule.yml, overridden on both nodes: used by none
+ENGINES = {"gw-node-a": ("127.0.0.2", 18593, None), "gw-node-b": ("127.0.0.1", 18594, NODE_B_KEY)}
+DOOR_NAME = "hmk-door-gw-node-b"
 ALICE = "hmk-test-alice-key-4f8e21d0"
 BOB = "hmk-test-bob-key-9a3c67e2b1"
 LOAD = "hmk-test-load-key-e07d2c55a9"
@@ -83,7 +89,8 @@ def load(name):
 
 
 def metric(node, name):
-    _unused, _unused, text = request(None, "/metrics", NODE_KEY, url="http://%s:%d" % node)
+    address, port, key = ENGINES[node]
+    _unused, _unused, text = request(None, "/metrics", key, url="http://%s:%d" % (address, port))
     values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ")]
     assert values, "no %s in the node's /metrics" % name
     return values[0]
@@ -112,14 +119,14 @@ def test_gateway_was_converged_from_the_installed_tarball():
 # --------------------------------------------------------------------------------------------------- clients
 
 def test_requests_through_the_gateway_reach_both_nodes(hosts, tls):
-    before = {n: metric(a, "llamacpp:tokens_predicted_total") for n, a in NODES.items()}
+    before = {n: metric(n, "llamacpp:tokens_predicted_total") for n in NODES}
     since = time.time()
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(lambda _unused: chat(tls), range(8)))
     assert [s for s, _unused, _unused in results] == [200] * 8
     assert all(json.loads(b)["choices"][0]["message"]["content"] is not None for _unused, _unused, b in results)
     # Each node generated tokens for some of them (the nodes' own counters)...
-    after = {n: metric(a, "llamacpp:tokens_predicted_total") for n, a in NODES.items()}
+    after = {n: metric(n, "llamacpp:tokens_predicted_total") for n in NODES}
     assert all(after[n] > before[n] for n in NODES), (before, after)
     # ...and the gateway's log names both as servers of alice's requests (all 8 lines written).
 
@@ -132,7 +139,7 @@ def test_requests_through_the_gateway_reach_both_nodes(hosts, tls):
 
 def test_a_client_without_a_valid_key_gets_401_from_the_gateway(hosts, tls):
     since = time.time()
-    for key in (None, "not-a-client-key-at-all", NODE_KEY):
+    for key in (None, "not-a-client-key-at-all", NODE_B_KEY):
         status, headers, body = chat(tls, key=key)
         assert status == 401, (key, status, body)
         assert json.loads(body)["error"]["type"] == "authentication_error"
@@ -190,7 +197,6 @@ SPELLINGS = ["/%73lots", "//slots", "/%6detrics", "/v1/../slots", "/v1/%2e%2e/sl
 
 def raw_request(tls, method, target, key):
     """One request with its target sent as written (urllib would not re-encode it, http.client sends it as is)."""
-    import http.client
     conn = http.client.HTTPSConnection("127.0.0.1", 18591, context=tls, timeout=60)
     conn.putrequest(method, target, skip_accept_encoding=True)
     conn.putheader("Authorization", "Bearer " + key)
@@ -237,7 +243,7 @@ def test_keys_stay_off_the_gateways_config_and_log(hosts):
     gw = hosts["gw-gateway"]
     config = gw.file("/etc/haproxy/haproxy.cfg").content_string
     journal = gw.check_output("journalctl --no-pager -o cat")
-    for secret in (NODE_KEY, ALICE, BOB, LOAD):
+    for secret in (NODE_B_KEY, GROUP_KEY, ALICE, BOB, LOAD):
         assert secret not in config and secret not in journal
     # The client keys are stored as sha256 only; the node key in a root-only map.
     for path in ("/etc/haproxy/hmk/clients.map", "/etc/haproxy/hmk/backend-key.map", "/etc/haproxy/hmk/tls/gateway.pem.key",
@@ -246,7 +252,9 @@ def test_keys_stay_off_the_gateways_config_and_log(hosts):
         assert (f.user, f.group, f.mode) == ("root", "root", 0o600), path
     clients = gw.file("/etc/haproxy/hmk/clients.map").content_string
     assert ALICE not in clients and re.fullmatch(r"([0-9a-f]{64} \w+\n)+", clients)
-    assert gw.file("/etc/haproxy/hmk/backend-key.map").content_string == "hmk_nodes %s\n" % NODE_KEY
+    # With a door in the group the gateway holds no node key at all: each door adds its own node's.
+    assert gw.file("/etc/haproxy/hmk/backend-key.map").content_string == ""
+    assert "set-header Authorization" not in config
     # The log names the client, never its key.
     assert "client=alice" in journal
 
@@ -259,7 +267,72 @@ def test_haproxy_is_debians_and_balances_by_least_connections_one_per_slot(hosts
     for name, (address, port) in NODES.items():
         # ik_llama.cpp's default of one slot (no -np in the lab): one request at a time per node, the rest queued.
         assert "server %s %s:%d maxconn 1" % (name, address, port) in config
+    # gw-node-b over TLS with its own client certificate, the door's name checked; gw-node-a in plain HTTP.
+    line_b = next(line for line in config.splitlines() if line.strip().startswith("server gw-node-b "))
+    line_a = next(line for line in config.splitlines() if line.strip().startswith("server gw-node-a "))
+    assert "ssl verify required" in line_b and "crt /etc/haproxy/hmk/doors/" in line_b and DOOR_NAME in line_b
+    assert "ssl" not in line_a.split()
     assert gw.service("haproxy").is_running and gw.service("haproxy").is_enabled
+
+
+# ------------------------------------------------------------------------------------------- the node door
+
+DOOR_CA = SCRATCH / "door-ca"
+
+
+def door_request(path, cert=None, key=None, server_name=DOOR_NAME):
+    """(status, body) of a GET to gw-node-b's door over TLS, presenting `cert` (a node directory's client
+    certificate) or none; an exception when the door refuses the handshake or closes the connection."""
+    ctx = ssl.create_default_context(cafile=str(DOOR_CA / "ca.pem"))
+    if cert:
+        ctx.load_cert_chain(str(DOOR_CA / cert), str(DOOR_CA / key))
+    conn = http.client.HTTPSConnection("127.0.0.3", 18593, context=ctx, timeout=20)
+    conn.host = server_name  # the door's certificate names hmk-door-gw-node-b (SNI and the name checked)
+    try:
+        conn.request("GET", path, headers={"Host": server_name})
+        resp = conn.getresponse()
+        return resp.status, resp.read().decode(errors="replace")
+    finally:
+        conn.close()
+
+
+def test_the_door_serves_only_the_gateways_certificate_for_its_node(hosts):
+    node_b = hosts["gw-node-b"]
+    assert node_b.service("hmk-door").is_running and node_b.service("hmk-door").is_enabled
+    # The door holds the node's address; the engine listens on loopback only.
+    assert node_b.socket("tcp://127.0.0.3:18593").is_listening
+    assert node_b.socket("tcp://127.0.0.1:18594").is_listening
+    assert not node_b.socket("tcp://0.0.0.0:18594").is_listening
+    # The gateway's certificate for gw-node-b gets an OpenAI path, and nothing else.
+    status, body = door_request("/v1/models", "gw-node-b/gateway.pem", "gw-node-b/gateway.key")
+    assert status == 200 and "data" in json.loads(body), (status, body)
+    for path in ("/slots", "/%73lots", "//v1/models", "/metrics", "/props"):
+        status, _unused = door_request(path, "gw-node-b/gateway.pem", "gw-node-b/gateway.key")
+        assert status == 404, (path, status)
+    # No certificate, gw-node-a's certificate, Prometheus' certificate for a chat path: no request reaches the engine.
+    for cert, key in ((None, None), ("gw-node-a/gateway.pem", "gw-node-a/gateway.key")):
+        if cert and not (DOOR_CA / cert).is_file():
+            continue  # gw-node-a has no door and so no certificate: the certificate-less case covers it
+        with pytest.raises((ssl.SSLError, ConnectionError, http.client.HTTPException, OSError)):
+            door_request("/v1/models", cert, key)
+    # Plain HTTP to the door's port gets no answer from the engine.
+    with pytest.raises((ConnectionError, http.client.HTTPException, OSError, urllib.error.URLError)):
+        status, _unused, _unused = request(None, "/v1/models", url="http://127.0.0.3:18593")
+        assert status != 200
+
+
+def test_the_engine_behind_the_door_takes_only_its_own_nodes_key(hosts):
+    # gw-node-b's engine, asked on its loopback port: its own key opens it, the group's key does not.
+    assert request(None, "/v1/models", NODE_B_KEY, url="http://127.0.0.1:18594")[0] == 200
+    assert request(None, "/v1/models", GROUP_KEY, url="http://127.0.0.1:18594")[0] == 401
+    node_b = hosts["gw-node-b"]
+    key_map = node_b.file("/etc/hmk-door/engine-key.map")
+    assert (key_map.user, key_map.group, key_map.mode) == ("root", "root", 0o600)
+    assert NODE_B_KEY not in node_b.file("/etc/hmk-door/haproxy.cfg").content_string
+    assert NODE_B_KEY not in node_b.check_output("journalctl --no-pager -o cat")
+    # The gateway's per-node certificate is root-only on the gateway.
+    cert = hosts["gw-gateway"].file("/etc/haproxy/hmk/doors/gw-node-b.pem")
+    assert (cert.user, cert.group, cert.mode) == ("root", "root", 0o600)
 
 
 # ------------------------------------------------------------------------------------ events under load
