@@ -117,7 +117,7 @@ def test_a_saved_vm_state_that_does_not_load_falls_back_to_a_plain_boot(state, t
     base = twin_mod.build_image() / "base.qcow2"
     hw = ["--cpus", "2", "--memory", "1024"]
     args = argparse.Namespace(
-        name="fault-state", port=2391, cpus=2, memory=1024, numa_nodes=1, memory_only_nodes=0,
+        name="fault-state", port=2298, cpus=2, memory=1024, numa_nodes=1, memory_only_nodes=0,
         memory_only_node_mb=512, threads_per_core=1, dimms="12/12", dimm_size_gb=32, dimm_speed=4800,
         dimm_type="DDR5", nvme_size="")
     accel, cpu, _ = twin_mod.accelerator(2, twin_mod.kvm_usable(), len(os.sched_getaffinity(0)))
@@ -133,7 +133,7 @@ def test_a_saved_vm_state_that_does_not_load_falls_back_to_a_plain_boot(state, t
     (saved / "boot.log").write_text("(saved boot)\n")
     (saved / "info.json").write_text('{"image": "%s"}\n' % twin_mod.image_key())
     env = dict(state, HMK_CACHE=str(cache))
-    r = twin("up", "--kind", "vm", "--name", "fault-state", "--port", "2391", *hw, env=env, timeout=600)
+    r = twin("up", "--kind", "vm", "--name", "fault-state", "--port", "2298", *hw, env=env, timeout=600)
     try:
         assert r.returncode == 0, r.stderr
         assert f"WARNING: saved state {key} did not resume (qemu exited" in r.stderr
