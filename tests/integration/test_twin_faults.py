@@ -1,5 +1,7 @@
 """Faults of the test bed end in a clear error that names what to look at, and leave nothing
 half-done. These run the real tools (qemu, debootstrap, dockerd) against real failures."""
+import argparse
+import json
 import os
 import socket
 import subprocess
@@ -100,3 +102,46 @@ class _FakeCpuinfoPath(type(Path())):
         if str(self) == "/proc/cpuinfo":
             return "processor\t: 0\nflags\t\t: fpu sse sse2 avx2 hypervisor\n"
         return super().read_text(*args, **kwargs)
+
+
+def test_a_saved_vm_state_that_does_not_load_falls_back_to_a_plain_boot(state, tmp_path):
+    # A private cache that shares the image and key, holding a saved state for this machine whose memory image is
+    # garbage (as after a QEMU upgrade that reads it differently): the twin must boot plainly, say so, and drop it.
+    real = Path(os.environ.get("HMK_CACHE", "/var/cache/hybrid-moe-kit"))
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    for part in ("images", "keys"):
+        (cache / part).symlink_to(real / part)
+    twin_mod = load_twin()
+    twin_mod.CACHE, twin_mod.KEY = cache, cache / "keys" / "id_ed25519"
+    base = twin_mod.build_image() / "base.qcow2"
+    hw = ["--cpus", "2", "--memory", "1024"]
+    args = argparse.Namespace(
+        name="fault-state", port=2298, cpus=2, memory=1024, numa_nodes=1, memory_only_nodes=0,
+        memory_only_node_mb=512, threads_per_core=1, dimms="12/12", dimm_size_gb=32, dimm_speed=4800,
+        dimm_type="DDR5", nvme_size="")
+    accel, cpu, _ = twin_mod.accelerator(2, twin_mod.kvm_usable(), len(os.sched_getaffinity(0)))
+    d = tmp_path / "probe"
+    qemu = twin_mod.shutil.which("qemu-system-x86_64")
+    key = twin_mod.vm_state_key(twin_mod.vm_machine(args, d, accel, cpu), d, args.port,
+                                twin_mod.qemu_version(qemu), "")
+    saved = cache / "vmstate" / key
+    saved.mkdir(parents=True)
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", str(base),
+                    str(saved / "disk.qcow2")], check=True)
+    (saved / "memory.state").write_bytes(b"not a migration stream\n" * 64)
+    (saved / "boot.log").write_text("(saved boot)\n")
+    (saved / "info.json").write_text('{"image": "%s"}\n' % twin_mod.image_key())
+    env = dict(state, HMK_CACHE=str(cache))
+    r = twin("up", "--kind", "vm", "--name", "fault-state", "--port", "2298", *hw, env=env, timeout=600)
+    try:
+        assert r.returncode == 0, r.stderr
+        assert f"WARNING: saved state {key} did not resume (qemu exited" in r.stderr
+        assert "booting plainly" in r.stderr
+        meta = json.loads(r.stdout)
+        assert meta["resumed"] is False and meta["vmstate"] == key
+        assert not saved.exists()
+        ssh = twin("ssh", "fault-state", "systemctl", "is-system-running", env=env)
+        assert ssh.stdout.strip() in ("running", "degraded")
+    finally:
+        twin("down", "fault-state", env=env)
