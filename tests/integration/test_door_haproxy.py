@@ -242,12 +242,12 @@ def test_gateway_plans_one_client_certificate_per_door_and_no_shared_key(fleet):
 def test_client_requests_reach_each_node_over_tls_with_that_nodes_key(fleet):
     ctx = tls_context()
     # The health checks go through each door with the gateway's certificate for it.
-    assert wait_until(lambda: all(any(p == "/health" for p, _, _ in fleet["seen"][n]) for n in NODE_KEYS)), fleet["seen"]
-    for _ in range(12):
+    assert wait_until(lambda: all(any(p == "/health" for p, _unused, _unused in fleet["seen"][n]) for n in NODE_KEYS)), fleet["seen"]
+    for _unused in range(12):
         status, body = request(fleet["gateway"], "/v1/models", ctx,
                                {"Authorization": "Bearer " + CLIENT_KEY, "X-Api-Key": CLIENT_KEY})
         assert status == 200, body
-        if all(any(p == "/v1/models" for p, _, _ in fleet["seen"][n]) for n in NODE_KEYS):
+        if all(any(p == "/v1/models" for p, _unused, _unused in fleet["seen"][n]) for n in NODE_KEYS):
             break
     for name in NODE_KEYS:
         got = [(a, x) for p, a, x in fleet["seen"][name] if p == "/v1/models"]
@@ -260,8 +260,8 @@ def test_a_client_key_never_reaches_an_engine(fleet):
             {"Authorization": "Bearer " + CLIENT_KEY, "X-Api-Key": CLIENT_KEY}, method="POST")
     seen = [entry for name in NODE_KEYS for entry in fleet["seen"][name]]
     assert seen
-    assert not any(CLIENT_KEY in (a or "") or CLIENT_KEY in (x or "") for _, a, x in seen)
-    assert any(p == "/v1/chat/completions" and a == "Bearer " + NODE_KEYS["node-a"] for p, a, _ in fleet["seen"]["node-a"])
+    assert not any(CLIENT_KEY in (a or "") or CLIENT_KEY in (x or "") for _unused, a, x in seen)
+    assert any(p == "/v1/chat/completions" and a == "Bearer " + NODE_KEYS["node-a"] for p, a, _unused in fleet["seen"]["node-a"])
 
 
 def test_node_a_certificate_opens_node_a_door_only(fleet):
@@ -303,10 +303,10 @@ def test_plain_http_and_certificate_less_connections_get_no_answer(fleet):
 @pytest.mark.parametrize("target", ["/slots", "/%73lots", "//v1/models", "/metrics", "/props", "/v1/models/../../slots"])
 def test_paths_outside_the_allow_list_stop_at_the_door(fleet, target):
     before = list(fleet["seen"]["node-a"])
-    status, _ = request(fleet["doors"]["node-a"], target, door_ctx(fleet, "node-a"))
+    status, _unused = request(fleet["doors"]["node-a"], target, door_ctx(fleet, "node-a"))
     assert status == 404
     assert fleet["seen"]["node-a"][len(before):] == [] or all(
-        p == "/health" for p, _, _ in fleet["seen"]["node-a"][len(before):])
+        p == "/health" for p, _unused, _unused in fleet["seen"]["node-a"][len(before):])
 
 
 def _serial(path):
@@ -346,10 +346,10 @@ def test_prometheus_certificate_reads_metrics_only_and_only_where_the_door_lets_
     before = len(fleet["seen"]["node-a"])
     for target in ("/v1/models", "/v1/chat/completions", "/slots"):
         assert request(fleet["doors"]["node-a"], target, ctx)[0] == 404
-    assert [p for p, _, _ in fleet["seen"]["node-a"][before:] if p != "/health"] == []
+    assert [p for p, _unused, _unused in fleet["seen"]["node-a"][before:] if p != "/health"] == []
     # node-b's door lets the gateway only: its own Prometheus certificate, and node-a's, get no answer.
     before = len(fleet["seen"]["node-b"])
     for name in ("node-b", "node-a"):
         status, body = request(fleet["doors"]["node-b"], "/metrics", door_ctx(fleet, name, "monitoring"))
         assert status is None, (name, status, body)
-    assert [p for p, _, _ in fleet["seen"]["node-b"][before:] if p != "/health"] == []
+    assert [p for p, _unused, _unused in fleet["seen"]["node-b"][before:] if p != "/health"] == []

@@ -120,7 +120,7 @@ def test_a_saved_vm_state_that_does_not_load_falls_back_to_a_plain_boot(state, t
         name="fault-state", port=2298, cpus=2, memory=1024, numa_nodes=1, memory_only_nodes=0,
         memory_only_node_mb=512, threads_per_core=1, dimms="12/12", dimm_size_gb=32, dimm_speed=4800,
         dimm_type="DDR5", nvme_size="")
-    accel, cpu, _ = twin_mod.accelerator(2, twin_mod.kvm_usable(), len(os.sched_getaffinity(0)))
+    accel, cpu, _unused = twin_mod.accelerator(2, twin_mod.kvm_usable(), len(os.sched_getaffinity(0)))
     d = tmp_path / "probe"
     qemu = twin_mod.shutil.which("qemu-system-x86_64")
     key = twin_mod.vm_state_key(twin_mod.vm_machine(args, d, accel, cpu), d, args.port,
