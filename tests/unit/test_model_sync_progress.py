@@ -185,7 +185,9 @@ class SlowStore(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         for start in range(0, len(body), 256 * 1024):
             self.wfile.write(body[start:start + 256 * 1024])
-            time.sleep(0.0625)
+            # 4 s per 8-MiB model: several 1-s polls see its rate on a fast, idle machine too (at 2 s one finished
+            # between two polls and no line with a rate was printed).
+            time.sleep(0.125)
 
     def log_message(self, *args):
         pass

@@ -1,5 +1,6 @@
 """scripts/test-run: the timing report of `make test` and the README's cost table made from it."""
 import json
+import time
 from pathlib import Path
 import unit_support
 
@@ -80,7 +81,8 @@ def test_a_failed_member_stops_the_run_after_its_group(tmp_path, monkeypatch):
 
 def test_cpu_busy_share_is_measured_from_proc_stat_and_shown_per_part():
     before = tr._cpu_times()
-    sum(i * i for i in range(200000))  # some work between the two readings
+    sum(i * i for i in range(200000))  # some work between the two readings...
+    time.sleep(0.05)  # ...and a wait longer than the kernel's 10-ms tick, so that the total has moved
     after = tr._cpu_times()
     assert 0 < before[0] <= before[1] and after[1] > before[1]
     share = tr._busy_pct(before, after)
