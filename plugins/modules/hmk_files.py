@@ -50,15 +50,24 @@ options:
   secrets:
     description:
       - Files like I(files) whose content is a secret (an API key) - never echoed, logged or shown in a diff.
+      - Each one's text is in I(secret_contents), under its path.
     type: list
     elements: dict
     default: []
     suboptions:
       path: {description: Absolute path., type: path, required: true}
-      content: {description: The secret text; never logged., type: str, required: true}
       owner: {description: User name or number., type: str, required: true}
       group: {description: Group name or number., type: str, required: true}
       mode: {description: Octal permissions as a string., type: str, required: true}
+  secret_contents:
+    description:
+      - The text of each file in I(secrets), keyed by its path; every path of I(secrets) needs one and no other
+        path may have one.
+      - A top-level no_log option, so the node's log of the invocation shows it as not logged. Inside I(secrets) it
+        would be logged as part of its parent's text, where a newline or a backslash in the secret is escaped and
+        no longer matches the value Ansible masks.
+    type: dict
+    default: {}
   absent:
     description: Files or links to remove.
     type: list
@@ -75,7 +84,9 @@ EXAMPLES = r"""
     files:
       - {path: /etc/hmk/args, content: "{{ args }}", owner: root, group: hmk, mode: "0640"}
     secrets:
-      - {path: /etc/hmk/api-key, content: "{{ key }}\n", owner: root, group: root, mode: "0600"}
+      - {path: /etc/hmk/api-key, owner: root, group: root, mode: "0600"}
+    secret_contents:
+      /etc/hmk/api-key: "{{ key }}\n"
   register: written
 """
 
@@ -207,6 +218,18 @@ def plan(directories, files, absent, secrets=(), check_mode=False):
     return actions
 
 
+def with_contents(secrets, contents):
+    """Each secret item with its text from secret_contents (by path). Names paths, never contents."""
+    paths = [item["path"] for item in secrets]
+    missing = [path for path in paths if not isinstance(contents.get(path), str)]
+    if missing:
+        raise FilesError("secret_contents has no text for %s" % ", ".join(missing))
+    extra = sorted(set(contents) - set(paths))
+    if extra:
+        raise FilesError("secret_contents names %s, which secrets does not list" % ", ".join(extra))
+    return [dict(item, content=contents[item["path"]]) for item in secrets]
+
+
 def _fsync_dir(path):
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -274,15 +297,16 @@ def main():
                        options=dict(path=dict(type="path", required=True),
                                     content=dict(type="str", required=True), **attrs)),
             secrets=dict(type="list", elements="dict", default=[], no_log=False,
-                         options=dict(path=dict(type="path", required=True),
-                                      content=dict(type="str", required=True, no_log=True), **attrs)),
+                         options=dict(path=dict(type="path", required=True), **attrs)),
+            secret_contents=dict(type="dict", default={}, no_log=True),
             absent=dict(type="list", elements="path", default=[]),
         ),
         supports_check_mode=True,
     )
     try:
+        secrets = with_contents(module.params["secrets"], module.params["secret_contents"])
         actions = plan(module.params["directories"], module.params["files"], module.params["absent"],
-                       module.params["secrets"], module.check_mode)
+                       secrets, module.check_mode)
     except (FilesError, OSError) as exc:
         module.fail_json(msg="hmk_files: %s; nothing was changed" % exc)
     result = dict(changed=bool(actions), changed_paths=sorted({path for _unused, path, _unused in actions}))

@@ -466,12 +466,12 @@ def test_the_gate_sends_the_smoke_completion_with_the_key_and_returns_what_came_
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = "http://127.0.0.1:%d/v1/chat/completions" % server.server_port
-        smoke = {"url": url, "model": "default", "prompt": "Say hi", "max_tokens": 8, "timeout": 10, "api_key": "k3y"}
-        assert gate.completion(smoke) == {"status": 200, "json": {"choices": [{"message": {"content": "hi"}}],
+        smoke = {"url": url, "model": "default", "prompt": "Say hi", "max_tokens": 8, "timeout": 10}
+        assert gate.completion(smoke, "k3y") == {"status": 200, "json": {"choices": [{"message": {"content": "hi"}}],
                                                                   "usage": {"completion_tokens": 3}}}
         assert seen[0] == ("/v1/chat/completions", "Bearer k3y",
                            {"model": "default", "messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 8})
-        refused = gate.completion(dict(smoke, api_key=""))
+        refused = gate.completion(smoke, "")
         assert refused["status"] == 401 and refused["json"]["error"]["message"] == "Invalid API Key"
         assert seen[1][1] is None
     finally:
@@ -482,6 +482,22 @@ def test_the_gate_sends_the_smoke_completion_with_the_key_and_returns_what_came_
         closed = sock.getsockname()[1]
     down = gate.completion(dict(smoke, url="http://127.0.0.1:%d/v1/chat/completions" % closed))
     assert down["status"] == 0 and down["json"] == {} and down["error"]
+
+
+@pytest.mark.parametrize("key", ["plain-key-0123456789abcdefgh", "back\\slash-'single\"double-0123456789"])
+def test_the_gates_log_of_its_invocation_on_the_node_never_holds_the_key(tmp_path, key):
+    # A refused timeout ends the run at once: the invocation is logged before anything else.
+    from module_process import run_module
+    logged = []
+    result = run_module("hmk_inference_gate", tmp_path, {
+        "unit": "hmk-inference.service", "url": "http://127.0.0.1:9/health", "timeout": 0,
+        "smoke": {"url": "http://127.0.0.1:9/v1/chat/completions", "model": "default", "prompt": "Say hi"},
+        "smoke_api_key": key}, logged)
+    assert result["failed"] is True and "timeout" in result["msg"]
+    invoked = [line for line in logged if line.startswith("Invoked with")]
+    assert len(invoked) == 1 and "smoke_api_key=NOT_LOGGING_PARAMETER" in invoked[0], logged
+    for spelling in (key, repr(key)[1:-1], json.dumps(key)[1:-1], key[:12]):
+        assert spelling not in "\n".join(logged) and spelling not in json.dumps(result)
 
 
 # ------------------------------------------------------------------------- classes of bad value (issue 27)
