@@ -73,14 +73,14 @@ def engine_class(seen):
     return Engine
 
 
-def run_play(work, variables, *args, ok=True):
+def run_play(work, variables, *args, ok=True, inventory=None):
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
                ANSIBLE_LOCAL_TEMP=str(work / "tmp"), ANSIBLE_STDOUT_CALLBACK="default", ANSIBLE_CALLBACKS_ENABLED="ansible.posix.timer",
                ANSIBLE_CACHE_PLUGIN="memory")
     extra = work / "extra.json"
     extra.write_text(json.dumps(variables))
     extra.chmod(0o600)
-    cmd = [str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(work / "inventory.json"),
+    cmd = [str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(inventory or work / "inventory.json"),
            str(REPO / "tests" / "integration" / "door_play.yml"), "-e", "@" + str(extra), *args]
     r = subprocess.run(cmd, cwd=str(REPO), env=env, capture_output=True, text=True, timeout=600, check=False)
     assert (r.returncode == 0) == ok, r.stdout[-6000:] + r.stderr[-3000:]
@@ -359,6 +359,38 @@ def test_prometheus_certificate_reads_metrics_only_and_only_where_the_door_lets_
         status, body = request(fleet["doors"]["node-b"], "/metrics", door_ctx(fleet, name, "monitoring"))
         assert status is None, (name, status, body)
     assert [p for p, _unused, _unused in fleet["seen"]["node-b"][before:] if p != "/health"] == []
+
+
+def test_a_node_that_left_the_group_leaves_no_certificate_on_the_gateway(fleet, tmp_path):
+    """node-b leaves door_nodes: the gateway's next run removes doors/node-b.pem (its client certificate and key), in
+    check mode only says so, keeps node-a's, the CA's and every file not of the kit's naming, and a re-run changes
+    nothing."""
+    gw_dir = tmp_path / "gw"
+    gw_dir.mkdir(mode=0o700)
+    variables = dict(fleet["variables"], gateway_config_dir=str(gw_dir), gateway_min_nodes_up=1)
+    run_play(fleet["work"], variables, "--limit", "gw")
+    doors = gw_dir / "doors"
+    assert sorted(p.name for p in doors.iterdir()) == ["ca.pem", "node-a.pem", "node-b.pem"]
+    foreign = ["Node-B.pem", "node-b.pem.bak", "node-b.key", "notes.txt", "-b.pem"]
+    for name in foreign:
+        (doors / name).write_text("not the kit's\n")
+    inventory = json.loads((fleet["work"] / "inventory.json").read_text())
+    groups = inventory["all"]["children"]
+    groups["retired"] = {"hosts": {"node-b": groups["door_nodes"]["hosts"].pop("node-b")}}
+    left = tmp_path / "inventory.json"
+    left.write_text(json.dumps(inventory))
+
+    checked = run_play(fleet["work"], variables, "--limit", "gw", "--check", inventory=left)
+    assert "changed: [gw] => (item=node-b.pem)" in checked.stdout, checked.stdout[-4000:]
+    assert (doors / "node-b.pem").exists()
+
+    run_play(fleet["work"], variables, "--limit", "gw", inventory=left)
+    assert sorted(p.name for p in doors.iterdir()) == sorted(["ca.pem", "node-a.pem"] + foreign)
+    assert "node-b" not in (gw_dir / "haproxy.cfg").read_text()
+
+    again = run_play(fleet["work"], variables, "--limit", "gw", inventory=left)
+    assert "(item=node-b.pem)" not in again.stdout
+    assert "gw                         : ok=" in again.stdout and " changed=0 " in again.stdout, again.stdout[-3000:]
 
 
 def gateway_servers(fleet):
