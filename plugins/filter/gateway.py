@@ -18,7 +18,7 @@ import hashlib
 import ipaddress
 import re
 
-from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_door import door_names
+from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_door import door_names, door_stale_client_files
 from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_haproxy import ADMF_FDRAIN, ADMF_FMAINT
 
 try:
@@ -253,12 +253,23 @@ def gateway_held_servers(servers):
                   if isinstance(srv, dict) and int(srv.get("admin_state", 0)) & (ADMF_FMAINT | ADMF_FDRAIN))
 
 
+def gateway_door_stale_files(files, servers):
+    """Names of the door client certificates in a gateway's doors directory (`files`, the paths ansible.builtin.find
+    gives) that belong to no door node of `servers` (gateway_servers' plan): <slug>.pem files of nodes that left the
+    group or lost their door. The CA's certificate and files of any other name are never chosen."""
+    if not isinstance(servers, list):
+        _fail("gateway_door_stale_files: expected the servers list of gateway_servers, got %s" % type(servers).__name__)
+    paths = [f.get("path", "") if isinstance(f, dict) else f for f in files or []]
+    return door_stale_client_files(paths, [s["door_slug"] for s in servers if isinstance(s, dict) and s.get("door")])
+
+
 class FilterModule(object):
     """Filters of the gateway role."""
 
     def filters(self):
         return {
             "gateway_held_servers": gateway_held_servers,
+            "gateway_door_stale_files": gateway_door_stale_files,
             "gateway_servers": gateway_servers,
             "gateway_backend_key": gateway_backend_key,
             "gateway_clients_checked": gateway_clients_checked,

@@ -26,3 +26,25 @@ def door_names(name):
         raise ValueError("inventory name %r is too long for a door certificate name (48 characters at most)" % name)
     return {"slug": slug, "server": "hmk-door-" + slug, "client": "hmk-gateway-to-" + slug,
             "monitor": "hmk-monitoring-to-" + slug}
+
+
+# The file a gateway keeps per door node in its doors directory: <slug>.pem, the client certificate with its key. A
+# slug is 1 to 48 of [a-z0-9-], neither first nor last a '-' (door_names); ca.pem beside them is the door CA's.
+_CLIENT_FILE_RE = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,46}[a-z0-9])?\.pem")
+DOOR_CA_FILE = "ca.pem"
+
+
+def door_stale_client_files(files, slugs):
+    """The names among `files` (what a gateway's doors directory holds, names or paths) that are a door client
+    certificate of the kit's naming (<slug>.pem) and belong to none of `slugs` (the current door nodes): the
+    certificate of a node that left the group, or no longer has a door. The CA's certificate and any file of another
+    name (the operator's, a backup, a key) are never chosen. Sorted, names only."""
+    keep = set(str(s) for s in slugs or [])
+    stale = set()
+    for entry in files or []:
+        name = str(entry).rstrip("/").rsplit("/", 1)[-1]
+        if name == DOOR_CA_FILE or not _CLIENT_FILE_RE.fullmatch(name):
+            continue
+        if name[:-len(".pem")] not in keep:
+            stale.add(name)
+    return sorted(stale)

@@ -9,20 +9,25 @@ tests/unit/test_gateway_haproxy.py. Every process started here is ended by its P
 What is shown: a client's request through the gateway reaches each node over TLS and the engine sees that node's own
 key, never the client's; node A's client certificate does not open node B's door, nor does a certificate with the
 right name from another CA; a plain-HTTP or certificate-less connection gets no answer; a path outside the allow-list
-is refused at the door; a re-run issues nothing again, and a certificate within the renewal window is issued again.
+is refused at the door; a re-run issues nothing again, and a certificate within the renewal window is issued again;
+an engine killed behind its door costs no request through the gateway and its node leaves rotation at once.
 """
+import csv
 import hashlib
 import http.client
 import http.server
+import io
 import json
 import os
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -68,14 +73,14 @@ def engine_class(seen):
     return Engine
 
 
-def run_play(work, variables, *args, ok=True):
+def run_play(work, variables, *args, ok=True, inventory=None):
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
                ANSIBLE_LOCAL_TEMP=str(work / "tmp"), ANSIBLE_STDOUT_CALLBACK="default", ANSIBLE_CALLBACKS_ENABLED="ansible.posix.timer",
                ANSIBLE_CACHE_PLUGIN="memory")
     extra = work / "extra.json"
     extra.write_text(json.dumps(variables))
     extra.chmod(0o600)
-    cmd = [str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(work / "inventory.json"),
+    cmd = [str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(inventory or work / "inventory.json"),
            str(REPO / "tests" / "integration" / "door_play.yml"), "-e", "@" + str(extra), *args]
     r = subprocess.run(cmd, cwd=str(REPO), env=env, capture_output=True, text=True, timeout=600, check=False)
     assert (r.returncode == 0) == ok, r.stdout[-6000:] + r.stderr[-3000:]
@@ -159,6 +164,7 @@ def fleet(tmp_path_factory):
         cfg.write_text(process_config(gw_dir / "haproxy.cfg"))
         start_haproxy(cfg, gw_port, procs)
         yield {"work": work, "ca": ca_dir, "gateway": gw_port, "doors": doors, "seen": seen, "variables": variables,
+               "engines": engines, "stats": stats_port, "procs": procs,
                "first": first, "gw_cfg": (gw_dir / "haproxy.cfg").read_text(),
                "plan": json.loads((gw_dir / "plan.json").read_text())}
     finally:
@@ -188,15 +194,15 @@ def tls_context(cert=None, key=None, ca=None):
     return ctx
 
 
-def request(port, target, ctx, headers=None, method="GET"):
+def request(port, target, ctx, headers=None, method="GET", body=b""):
     """(status, body) of one request, or the exception that ended it (a refused door answers nothing)."""
     conn = http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=10)
     try:
         conn.putrequest(method, target, skip_accept_encoding=True)
         for name, value in (headers or {}).items():
             conn.putheader(name, value)
-        conn.putheader("Content-Length", "0")
-        conn.endheaders()
+        conn.putheader("Content-Length", str(len(body)))
+        conn.endheaders(body or None)
         resp = conn.getresponse()
         return resp.status, resp.read()
     except (OSError, http.client.HTTPException) as exc:
@@ -353,3 +359,88 @@ def test_prometheus_certificate_reads_metrics_only_and_only_where_the_door_lets_
         status, body = request(fleet["doors"]["node-b"], "/metrics", door_ctx(fleet, name, "monitoring"))
         assert status is None, (name, status, body)
     assert [p for p, _unused, _unused in fleet["seen"]["node-b"][before:] if p != "/health"] == []
+
+
+def test_a_node_that_left_the_group_leaves_no_certificate_on_the_gateway(fleet, tmp_path):
+    """node-b leaves door_nodes: the gateway's next run removes doors/node-b.pem (its client certificate and key), in
+    check mode only says so, keeps node-a's, the CA's and every file not of the kit's naming, and a re-run changes
+    nothing."""
+    gw_dir = tmp_path / "gw"
+    gw_dir.mkdir(mode=0o700)
+    variables = dict(fleet["variables"], gateway_config_dir=str(gw_dir), gateway_min_nodes_up=1)
+    run_play(fleet["work"], variables, "--limit", "gw")
+    doors = gw_dir / "doors"
+    assert sorted(p.name for p in doors.iterdir()) == ["ca.pem", "node-a.pem", "node-b.pem"]
+    foreign = ["Node-B.pem", "node-b.pem.bak", "node-b.key", "notes.txt", "-b.pem"]
+    for name in foreign:
+        (doors / name).write_text("not the kit's\n")
+    inventory = json.loads((fleet["work"] / "inventory.json").read_text())
+    groups = inventory["all"]["children"]
+    groups["retired"] = {"hosts": {"node-b": groups["door_nodes"]["hosts"].pop("node-b")}}
+    left = tmp_path / "inventory.json"
+    left.write_text(json.dumps(inventory))
+
+    checked = run_play(fleet["work"], variables, "--limit", "gw", "--check", inventory=left)
+    assert "changed: [gw] => (item=node-b.pem)" in checked.stdout, checked.stdout[-4000:]
+    assert (doors / "node-b.pem").exists()
+
+    run_play(fleet["work"], variables, "--limit", "gw", inventory=left)
+    assert sorted(p.name for p in doors.iterdir()) == sorted(["ca.pem", "node-a.pem"] + foreign)
+    assert "node-b" not in (gw_dir / "haproxy.cfg").read_text()
+
+    again = run_play(fleet["work"], variables, "--limit", "gw", inventory=left)
+    assert "(item=node-b.pem)" not in again.stdout
+    assert "gw                         : ok=" in again.stdout and " changed=0 " in again.stdout, again.stdout[-3000:]
+
+
+def gateway_servers(fleet):
+    """{server: (status, hanafail)} of the gateway's backend from its statistics page (CSV): hanafail counts the
+    failures the gateway saw in real traffic (observe), apart from its health checks."""
+    with urllib.request.urlopen("http://127.0.0.1:%d/;csv" % fleet["stats"], timeout=5) as resp:
+        rows = list(csv.DictReader(io.StringIO(resp.read().decode().lstrip("# "))))
+    return {r["svname"]: (r["status"], int(r["hanafail"] or 0)) for r in rows
+            if r["pxname"] == "hmk_nodes" and r["svname"] not in ("FRONTEND", "BACKEND")}
+
+
+def test_a_crashed_engine_behind_a_door_costs_no_request_and_its_node_leaves_at_once(fleet):
+    """node-b's engine becomes a process of its own, then is killed by its PID (an unplanned crash): every request of
+    a burst through the gateway, a POST with a body, is served by node-a without waiting, and node-b is DOWN from what
+    the traffic met (hanafail), not only after two failed health checks (inter 1 s, fall 2). Before the fix the door
+    answered 503 after three one-second retries on its one engine, and the gateway handed that 503 to the client."""
+    name, ctx = "node-b", tls_context()
+    engine_port = fleet["engines"][name].server_address[1]
+    fleet["engines"][name].shutdown()
+    fleet["engines"][name].server_close()
+    engine = subprocess.Popen([sys.executable, str(REPO / "tests" / "integration" / "door_engine.py"), str(engine_port)],
+                              stdout=subprocess.PIPE, text=True)
+    fleet["procs"].append(engine)
+    try:
+        assert engine.stdout.readline().strip() == "listening"
+        headers = {"Authorization": "Bearer " + CLIENT_KEY, "Content-Type": "application/json"}
+        assert wait_until(lambda: {s for s, _unused in gateway_servers(fleet).values()} == {"UP"}), gateway_servers(fleet)
+        # The engine process is what serves node-b now: node-b answers through its door before the crash.
+        served = [request(fleet["gateway"], "/v1/models", ctx, headers) for _unused in range(4)]
+        assert all(status == 200 for status, _unused in served), served
+        before = gateway_servers(fleet)[name][1]
+        a_before = len([p for p, _unused, _unused in fleet["seen"]["node-a"] if p == "/v1/chat/completions"])
+        os.kill(engine.pid, signal.SIGKILL)
+        engine.wait(5)
+        killed = time.monotonic()
+        prompt = json.dumps({"messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}).encode()
+        answers = [request(fleet["gateway"], "/v1/chat/completions", ctx, headers, method="POST", body=prompt)
+                   for _unused in range(20)]
+        burst = time.monotonic() - killed
+        state = gateway_servers(fleet)
+        assert [status for status, _unused in answers] == [200] * 20, answers
+        assert len([p for p, _unused, _unused in fleet["seen"]["node-a"] if p == "/v1/chat/completions"]) == a_before + 20
+        assert state[name][0].startswith("DOWN"), (state, burst)
+        assert state[name][1] > before, (state, burst)
+        assert state["node-a"][0] == "UP", state
+        # No answer waited on the dead engine (before the fix the first one took three seconds at the door).
+        assert burst < 5, burst
+    finally:
+        engine.kill()
+        engine.wait(5)
+        # node-b's recording engine again on its port, for any test after this one and the fixture's teardown.
+        fleet["engines"][name] = http.server.ThreadingHTTPServer(("127.0.0.1", engine_port), engine_class(fleet["seen"][name]))
+        threading.Thread(target=fleet["engines"][name].serve_forever, daemon=True).start()

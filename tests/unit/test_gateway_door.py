@@ -4,7 +4,7 @@ import pytest
 
 from ansible_collections.hmk.moe_kit.plugins.filter import gateway as g
 from ansible_collections.hmk.moe_kit.plugins.filter import inference_service as svc
-from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_door import door_names
+from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_door import door_names, door_stale_client_files
 
 KEY_A = "key-of-node-a-0123456789abcdef"
 KEY_B = "key-of-node-b-0123456789abcdef"
@@ -96,3 +96,24 @@ def test_a_door_that_does_not_let_prometheus_in_is_refused_with_what_to_set():
     with pytest.raises(Exception, match="set inference_service_door_monitoring: true on a"):
         mon.scrape_configs([{"name": "a", "address": "10.0.0.5", "node_exporter_port": 9100, "engine_port": 8080,
                              "door": True}])
+
+
+def test_only_the_kit_s_certificates_of_nodes_that_left_are_chosen_for_removal():
+    servers = g.gateway_servers([door("10.0.0.11"), {"inference_service_host": "10.0.0.12"}], ["Node_A.lab", "plain"], "gw")
+    found = [{"path": "/etc/haproxy/hmk/doors/" + name} for name in (
+        "ca.pem", "node-a-lab.pem",                      # the CA and the current door node: kept
+        "node-b.pem", "plain.pem", "x--y.pem", "9.pem",  # a node that left, one that lost its door, odd but kit names
+        "Node-B.pem", "-b.pem", "b-.pem", "a_b.pem",     # not a slug (case, edges, '_'): not the kit's
+        "node-b.pem.bak", "node-b.key", "notes.txt", "n" * 49 + ".pem")]
+    assert g.gateway_door_stale_files(found, servers) == ["9.pem", "node-b.pem", "plain.pem", "x--y.pem"]
+    # Nothing stale, or nothing there: nothing to remove (the task loops over nothing, a re-run changes nothing).
+    assert g.gateway_door_stale_files(found[:2], servers) == []
+    assert g.gateway_door_stale_files([], servers) == []
+
+
+def test_with_no_door_node_left_every_client_certificate_goes_and_the_ca_stays():
+    plain = g.gateway_servers([{"inference_service_host": "10.0.0.12"}], ["node-a"], "gw")
+    assert g.gateway_door_stale_files(["/d/ca.pem", "/d/node-a.pem", "/d/node-b.pem"], plain) == ["node-a.pem", "node-b.pem"]
+    assert door_stale_client_files(["node-a.pem", "ca.pem"], ["node-a"]) == []
+    with pytest.raises(g.AnsibleFilterError, match="gateway_door_stale_files"):
+        g.gateway_door_stale_files([], {"node-a": {}})
