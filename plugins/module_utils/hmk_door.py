@@ -21,6 +21,11 @@ def door_names(name):
     slug = _FOLD_RE.sub("-", name.lower()).strip("-")
     if not slug:
         raise ValueError("inventory name %r gives no certificate name (letters or digits needed)" % name)
+    # The gateway keeps each door's client certificate as <slug>.pem beside the door CA's ca.pem (as does Prometheus'
+    # host): a node named "ca" would overwrite the CA file that every door connection is verified with.
+    if slug + ".pem" == DOOR_CA_FILE:
+        raise ValueError("inventory name %r gives the certificate name %r, the door CA's own file name on the gateway: "
+                         "give the node another inventory name" % (name, slug))
     # A DNS label is at most 63 characters; the longest prefix is 14.
     if len(slug) > 48:
         raise ValueError("inventory name %r is too long for a door certificate name (48 characters at most)" % name)

@@ -41,6 +41,8 @@ def test_the_door_flag_reads_inventory_spellings(value, is_door):
     ([door("10.0.0.11"), door("10.0.0.12")], ["node.a", "node_a"], "fold to the same door certificate name"),
     ([door("10.0.0.11")], ["---"], "gives no certificate name"),
     ([door("10.0.0.11")], ["n" * 49], "too long"),
+    # "CA" folds to ca: its client certificate would be doors/ca.pem, over the door CA's file on the gateway.
+    ([door("10.0.0.11")], ["CA"], "the door CA's own file name"),
 ])
 def test_bad_doors_are_refused_at_plan_time(nodes, names, message):
     with pytest.raises(g.AnsibleFilterError, match=message):
