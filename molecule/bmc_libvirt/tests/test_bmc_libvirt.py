@@ -44,7 +44,7 @@ def requests_sent():
 
 
 def virsh(host, bed, *args):
-    return host.check_output("virsh -q -c %s %s", bed["uri"], " ".join(args))
+    return host.check_output("virsh -q -c" + " %s" * (1 + len(args)), bed["uri"], *args)
 
 
 def by_id(report):
