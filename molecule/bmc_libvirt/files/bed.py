@@ -249,8 +249,7 @@ def down(work):
     shutil.rmtree(paths(work)["home"], ignore_errors=True)
     for name in ("credentials.json", "htpasswd", "key.pem"):
         (work / name).unlink(missing_ok=True)
-    print("stopped: emulator %s, domain %s, libvirtd %s" % (state.get("emulator_pid"), DOMAIN,
-                                                          state["libvirtd_pid"]))
+    print("stopped: emulator %s, domain %s, libvirtd %s" % (state.get("emulator_pid"), DOMAIN, state["libvirtd_pid"]))
 
 
 if __name__ == "__main__":
