@@ -129,7 +129,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start_libvirtd(work):
+def start_libvirtd(work, state):
     p = paths(work)
     account = pwd.getpwnam(DAEMON_USER)
     for sub in ("config", "cache", "runtime"):
@@ -147,15 +147,21 @@ def start_libvirtd(work):
                              "--clear-groups", "/usr/sbin/libvirtd"],
                             env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True, cwd=str(p["home"]))
+    state["libvirtd_pid"] = proc.pid  # setpriv execs libvirtd: the same PID
+    save(work, state)
     wait_for("libvirtd", lambda: p["socket"].exists() and virsh(work, "uri", check=False).returncode == 0, 30,
              work / "libvirtd.log")
-    return proc.pid
 
 
-def start_emulator(work, python, port):
+def save(work, state):
+    (work / "bed.json").write_text(json.dumps(state, indent=2) + "\n")
+
+
+def start_emulator(work, python, port, state):
     cert, key = work / "cert.pem", work / "key.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
                     "/CN=127.0.0.1", "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    key.chmod(0o600)
     import bcrypt  # the emulator's interpreter runs this script and has it (sushy-tools' auth needs it)
     password = secrets.token_urlsafe(18)
     htpasswd = work / "htpasswd"
@@ -171,6 +177,8 @@ def start_emulator(work, python, port):
                              "--ssl-certificate", str(cert), "--ssl-key", str(key)],
                             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                             env=client_env(work))
+    state["emulator_pid"] = proc.pid  # recorded before the wait: destroy ends it even when it never answers
+    save(work, state)
     context = ssl.create_default_context(cafile=str(cert))
     context.check_hostname = False
 
@@ -186,7 +194,6 @@ def start_emulator(work, python, port):
             return False
 
     wait_for("sushy-emulator", answers, 60, work / "emulator.log")
-    return proc.pid
 
 
 def up(work, fixture):
@@ -197,16 +204,15 @@ def up(work, fixture):
     work.mkdir(parents=True, mode=0o711)
     state = {"dir": str(work), "uri": uri(work), "domain": DOMAIN, "uuid": UUID}
     (work / "network-before.json").write_text(json.dumps(host_network(), indent=2) + "\n")
-    state["libvirtd_pid"] = start_libvirtd(work)
-    (work / "bed.json").write_text(json.dumps(state, indent=2) + "\n")
+    start_libvirtd(work, state)
     (work / "domain.xml").write_text(domain_xml(bios_attributes(fixture)))
     virsh(work, "define", str(work / "domain.xml"))
     virsh(work, "start", DOMAIN)  # the node is powered on, as a server in its rack is
     state["qemu_pid_at_create"] = int(paths(work)["qemu_pid"].read_text())
     port = free_port()
-    state["emulator_pid"] = start_emulator(work, sys.executable, port)
     state["address"] = "127.0.0.1:%d" % port
-    (work / "bed.json").write_text(json.dumps(state, indent=2) + "\n")
+    start_emulator(work, sys.executable, port, state)
+    save(work, state)
     print(json.dumps(state))
 
 
