@@ -8,8 +8,13 @@ export HMK_STATE ?= /var/tmp/hybrid-moe-kit
 export DOCKER_HOST := unix://$(HMK_STATE)/dockerd/docker.sock
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 # xorriso: the bmc role rebuilds the installer ISO with it (tests/integration/test_bmc_remaster.py runs it).
+# libvirt for molecule/bmc_libvirt (sushy-tools' emulator in front of a QEMU domain): the daemon and its QEMU driver,
+# virsh, and libvirt-dev + pkg-config + gcc to build the libvirt-python binding into the venv (requirements.txt).
+# Not libvirt-daemon-system (units that start at install) nor -config-network (the `default` network and virbr0):
+# the scenario runs its own session daemon and stops it.
 DEB_PACKAGES := qemu-system-x86 qemu-utils debootstrap grub-pc-bin grub2-common e2fsprogs fdisk \
-	openssh-client docker.io python3-venv git rsync curl haproxy shellcheck xorriso
+	openssh-client docker.io python3-venv git rsync curl haproxy shellcheck xorriso \
+	libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libvirt-dev pkg-config gcc
 LAB_ARGS ?=
 LAB_KIND ?= container
 

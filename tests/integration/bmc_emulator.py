@@ -4,7 +4,9 @@ Run with the interpreter that has sushy-tools (not the kit's venv): python bmc_e
 arguments>. The Redfish side is sushy-tools' own Flask application, unchanged: its /Systems/<id>/BIOS and
 /BIOS/Settings routes, its basic auth (bcrypt htpasswd) and its TLS. Only the fake driver's storage is extended,
 because sushy-tools 2.2.0's FakeDriver does not implement get_bios/set_bios (the base driver raises
-NotSupportedError; only the libvirt driver keeps BIOS attributes, and libvirt is not wanted on this bed).
+NotSupportedError; only the libvirt driver keeps BIOS attributes). The libvirt driver, in front of a real QEMU
+machine, is tested in molecule/bmc_libvirt; it applies a PATCH at once and checks no value, so the pending settings
+and the refusals below stay on this fake driver.
 
 The extension behaves like a real BMC's pending settings:
 - a PATCH to BIOS/Settings is checked against the registry excerpt in STATE.json (an unknown attribute or a value
