@@ -468,7 +468,7 @@ def test_the_gate_sends_the_smoke_completion_with_the_key_and_returns_what_came_
         url = "http://127.0.0.1:%d/v1/chat/completions" % server.server_port
         smoke = {"url": url, "model": "default", "prompt": "Say hi", "max_tokens": 8, "timeout": 10}
         assert gate.completion(smoke, "k3y") == {"status": 200, "json": {"choices": [{"message": {"content": "hi"}}],
-                                                                  "usage": {"completion_tokens": 3}}}
+                                                                         "usage": {"completion_tokens": 3}}}
         assert seen[0] == ("/v1/chat/completions", "Bearer k3y",
                            {"model": "default", "messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 8})
         refused = gate.completion(smoke, "")

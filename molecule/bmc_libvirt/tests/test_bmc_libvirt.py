@@ -52,7 +52,7 @@ def by_id(report):
 
 
 def test_three_runs_check_converge_idempotence(reports):
-    assert [name for name, _ in reports] == ["01-check.json", "02-run.json", "03-run.json"]
+    assert [name for name, _report in reports] == ["01-check.json", "02-run.json", "03-run.json"]
 
 
 def test_the_report_from_the_bmc_flags_wrong_nps_and_smt_and_plans_the_fix(reports):
