@@ -5,7 +5,7 @@ import re
 
 ROOT = "/opt/hmk/engines/ik_llama.cpp"
 STATE = "/var/lib/hmk-engine-build-test"
-FIXTURE_SHA = "7e0c0f7f87e3ee9d48862d6a5adcf42c9ed8ecbe"
+FIXTURE_SHA = "462213ef9ec32d610a70c0aba165aaf67d9bfb9e"
 
 
 def _json(host, path):
