@@ -78,7 +78,7 @@ if [ ! -f "$CUDA_ROOT/.complete" ]; then
 fi
 stamp tools "$t"
 
-# The source: the fixture repository of the kit's default pin (same tree as upstream 55d3c05).
+# The source: the fixture repository of the kit's default pin (its main: same tree as upstream 8337e4cd).
 t=$(date +%s)
 sha=$("$KIT/tests/fixtures/engines/make-ik-repo.sh")
 WORK="$CACHE/cuda-sample"
