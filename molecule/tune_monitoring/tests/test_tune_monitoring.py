@@ -103,7 +103,7 @@ def test_the_tuned_file_names_the_build_and_model_it_was_found_for(host):
     assert set(record["vars"]) <= {"inference_service_threads", "inference_service_threads_batch",
                                    "inference_service_batch", "inference_service_ubatch", "inference_service_amb",
                                    "inference_service_run_time_repack",
-                                   # searched where the engine has it: ik_llama.cpp from 8337e4cd, the pin since #25
+                                   # searched where the engine has it (ik_llama.cpp from 8337e4cd; roles/tune)
                                    "inference_service_defer_experts"}
     assert re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$", record["date"])
 
