@@ -32,6 +32,8 @@ from pathlib import Path
 
 import pytest
 
+from door_engine import engine_class  # the stand-in engine, in-process here and as its own process
+
 REPO = Path(__file__).resolve().parents[2]
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
 CLIENT_KEY = "door-test-client-key-0123456789abcdef"
@@ -48,29 +50,6 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def engine_class(seen):
-    class Engine(http.server.BaseHTTPRequestHandler):
-        """A stand-in engine: records (path, Authorization, X-Api-Key) of every request and answers 200."""
-
-        def _answer(self):
-            length = int(self.headers.get("Content-Length") or 0)
-            if length:
-                self.rfile.read(length)
-            seen.append((self.path, self.headers.get("Authorization"), self.headers.get("X-Api-Key")))
-            body = json.dumps({"engine_saw": self.path}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        do_GET = do_POST = _answer
-
-        def log_message(self, *args):
-            pass
-    return Engine
 
 
 def run_play(work, variables, *args, ok=True, inventory=None):
