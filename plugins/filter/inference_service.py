@@ -435,7 +435,7 @@ def _ranges(layers):
 # - "layers": mainline llama.cpp (llama-model.cpp, load_tensors) and ik_llama.cpp before #1466 give layer i
 #   to the first GPU whose cumulative -ts share exceeds (i - i_gpu_start) / min(ngl, n_layer + 1); without
 #   -ts the shares are each GPU's free memory at load time.
-# - "bytes": ik_llama.cpp since #1466 (2026-03-19; the kit's pin 55d3c05 has it) walks the layers' sizes
+# - "bytes": ik_llama.cpp since #1466 (2026-03-19; the kit's pin 8337e4cd and 55d3c05 before it have it) walks the layers' sizes
 #   (every weight of the layer, routed experts included, plus its KV cache; the output layer last) and
 #   fills GPU k up to its share of (sum of sizes + one compute buffer per GPU), counting a compute buffer
 #   per GPU; a layer that straddles the border goes where it overshoots less.

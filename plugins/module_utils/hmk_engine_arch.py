@@ -7,12 +7,12 @@ kit reads that table at each commit it pins, so model_sync can refuse a model be
 the engine's own words.
 
 Sources:
-- ik_llama.cpp 55d3c05bf7b377deaa5dc84d255d9740a345a206 (2026-04-13): src/llama-arch.cpp of the PyPI sdist
-  ik-llama-cpp-python 0.1.5, as the fixture repository holds it (commit 7e0c0f7 of
-  ${HMK_CACHE}/fixtures/ik_llama.cpp.git).
-- ik_llama.cpp 8337e4cd3861406fc04e0854b1409cd1b027fbc9 (2026-08-15): src/llama-arch.cpp of
-  ../shared/sources/ik_llama.cpp/ik_llama.cpp-8337e4cd-src.tar.gz; it adds the names in IK_ARCHS_ADDED_8337E4CD
-  and removes none.
+- ik_llama.cpp 55d3c05bf7b377deaa5dc84d255d9740a345a206 (2026-04-13, the kit's pin until issue 25): src/llama-arch.cpp
+  of the PyPI sdist ik-llama-cpp-python 0.1.5, as the fixture repository holds it (branch pin-55d3c05, commit
+  7e0c0f7 of ${HMK_CACHE}/fixtures/ik_llama.cpp.git).
+- ik_llama.cpp 8337e4cd3861406fc04e0854b1409cd1b027fbc9 (2026-08-15, the kit's pin): src/llama-arch.cpp of
+  ../shared/sources/ik_llama.cpp/ik_llama.cpp-8337e4cd-src.tar.gz (the fixture repository's main); it adds the
+  names in IK_ARCHS_ADDED_8337E4CD and removes none.
 A commit the table does not know is not judged here (its own load says it); add its list when pinning it.
 
 It also holds what the service's flags depend on at a commit: which architectures the engine treats as MLA
@@ -28,8 +28,11 @@ __metaclass__ = type
 
 import re
 
-IK_PIN = "55d3c05bf7b377deaa5dc84d255d9740a345a206"
-IK_NEWEST = "8337e4cd3861406fc04e0854b1409cd1b027fbc9"
+IK_55D3C05 = "55d3c05bf7b377deaa5dc84d255d9740a345a206"
+IK_8337E4CD = "8337e4cd3861406fc04e0854b1409cd1b027fbc9"
+# The kit's pin (llama_build_version's default) and the newest commit the kit has read.
+IK_PIN = IK_8337E4CD
+IK_NEWEST = IK_8337E4CD
 
 IK_ARCHS_55D3C05 = frozenset((
     "arctic", "baichuan", "bailingmoe2", "bert", "bitnet", "bitnet-25", "bitnet-b1.58", "bloom", "chatglm",
@@ -53,8 +56,8 @@ IK_MLA_ARCHS_ADDED_8337E4CD = frozenset(("bailingmoe3",))
 # engine -> {full commit: (commit date, architectures that commit loads)}
 ENGINE_ARCHS = {
     "ik_llama.cpp": {
-        IK_PIN: ("2026-04-13", IK_ARCHS_55D3C05),
-        IK_NEWEST: ("2026-08-15", IK_ARCHS_55D3C05 | IK_ARCHS_ADDED_8337E4CD),
+        IK_55D3C05: ("2026-04-13", IK_ARCHS_55D3C05),
+        IK_8337E4CD: ("2026-08-15", IK_ARCHS_55D3C05 | IK_ARCHS_ADDED_8337E4CD),
     },
 }
 
@@ -62,8 +65,8 @@ ENGINE_ARCHS = {
 # engine -> {full commit: (commit date, MLA architectures of that commit)}
 ENGINE_MLA_ARCHS = {
     "ik_llama.cpp": {
-        IK_PIN: ("2026-04-13", IK_MLA_ARCHS_55D3C05),
-        IK_NEWEST: ("2026-08-15", IK_MLA_ARCHS_55D3C05 | IK_MLA_ARCHS_ADDED_8337E4CD),
+        IK_55D3C05: ("2026-04-13", IK_MLA_ARCHS_55D3C05),
+        IK_8337E4CD: ("2026-08-15", IK_MLA_ARCHS_55D3C05 | IK_MLA_ARCHS_ADDED_8337E4CD),
     },
 }
 

@@ -548,6 +548,11 @@ def evaluate(parsed, plan, apps=None, pid=None):
         elif not start:
             skip("override_rules", "no override line in the part of the log that is left (ik logs them before the "
                                    "buffers)%s; judged by the weights per device instead" % not_seen)
+        elif place["verdict"] == "cpu_only":
+            # ik_llama.cpp from 8337e4cd loads with -ngl 0 when it finds no GPU and then drops -ot (src/llama.cpp,
+            # llama_model_load_from_file): no override line is expected, and the CPU-only start is reported above.
+            skip("override_rules", "the engine used no GPU, so it applied no -ot rule (ik_llama.cpp drops them "
+                                   "with -ngl 0); see the cuda_devices check")
         elif any(_rule_parts(r)[1].startswith("CUDA") for r in rules) or (rules and inner.get("cpu_layers")):
             record("override_rules", False, "no 'buffer type overriden' line in the log",
                    "every -ot rule matching tensors",

@@ -7,7 +7,7 @@ fixed text with fixed settings is one number that moves when any of those change
 first good run and reports a rise beyond a tolerance as a regression; tune rejects flags that cause one.
 
 The reader takes the tool's stdout as the engine prints it (examples/perplexity/perplexity.cpp):
-  ik_llama.cpp since PR #914 (2025-11-07, so at the kit's pin 55d3c05):
+  ik_llama.cpp since PR #914 (2025-11-07, so at the kit's pins 55d3c05 and 8337e4cd):
     Final estimate: PPL over 8 chunks for n_ctx=512 = 1.1058 +/- 0.01821
   ik_llama.cpp before it, and mainline llama.cpp:
     Final estimate: PPL = 3.4184 +/- 0.01902

@@ -78,7 +78,7 @@ if [ ! -f "$CUDA_ROOT/.complete" ]; then
 fi
 stamp tools "$t"
 
-# The source: the fixture repository of the kit's default pin (same tree as upstream 55d3c05).
+# The source: the fixture repository of the kit's default pin (its main: same tree as upstream 8337e4cd).
 t=$(date +%s)
 sha=$("$KIT/tests/fixtures/engines/make-ik-repo.sh")
 WORK="$CACHE/cuda-sample"
@@ -90,16 +90,17 @@ fi
 stamp source "$t"
 
 # The role's flag derivation, for the Genoa + RTX 4090 profile of the production inventory.
-mapfile -t ARGS < <("$PYTHON" - "$KIT" "$nvcc_release" "$CUDA_ROOT" <<'PY'
+commit_date=$(git -C "$WORK/src" log -1 --format=%cs HEAD)
+mapfile -t ARGS < <("$PYTHON" - "$KIT" "$nvcc_release" "$CUDA_ROOT" "$commit_date" <<'PY'
 import importlib.util, sys, yaml
-kit, cuda, cuda_home = sys.argv[1], sys.argv[2], sys.argv[3]
+kit, cuda, cuda_home, commit_date = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 sys.path.insert(0, kit + "/.collections")  # the filter imports the collection's module_utils, as in the roles
 spec = importlib.util.spec_from_file_location("lb", kit + "/plugins/filter/llama_build.py")
 lb = importlib.util.module_from_spec(spec); spec.loader.exec_module(lb)
 profile = yaml.safe_load(open(kit + "/inventories/production/group_vars/genoa_1gpu/hardware.yml"))["hmk_hardware"]
 defaults = yaml.safe_load(open(kit + "/roles/llama_build/defaults/main.yml"))
 flags = open("/proc/cpuinfo").read().split("\n\n")[0]
-args = lb.cmake_args(profile, flags, "ik_llama.cpp", "2026-04-13",
+args = lb.cmake_args(profile, flags, "ik_llama.cpp", commit_date,
                      {"cuda": "auto", "cuda_version": cuda, "cuda_home": cuda_home,
                       "rules": defaults["llama_build_cmake_rules"]})
 assert "-DGGML_CUDA=ON" in args and "-DCMAKE_CUDA_ARCHITECTURES=89" in args, args

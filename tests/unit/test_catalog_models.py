@@ -2,6 +2,7 @@
 publisher shows, its VRAM/RAM plan on each seed machine (the kit's own planner, inference_service's placement_plan +
 memory_plan, at 32k context with a q8_0 KV cache), and a model whose architecture the pinned engine commit does not
 know is refused before the download with the engine's own words."""
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -141,10 +142,10 @@ def _with(model, arch):
     return dict(CATALOG, **{model: entry})
 
 
-def test_an_architecture_the_pin_lacks_is_refused_in_the_engines_words():
+def test_an_architecture_an_older_pin_lacks_is_refused_in_the_engines_words():
     catalog = _with("deepseek-v4-flash", "deepseek4")
     problems = validate_filters.hmk_engine_arch_problems(catalog, ["deepseek-v4-flash"], "ik_llama.cpp",
-                                                         hmk_engine_arch.IK_PIN)
+                                                         hmk_engine_arch.IK_55D3C05)
     assert len(problems) == 1
     assert "unknown model architecture: 'deepseek4'" in problems[0]
     assert "ik_llama.cpp at 55d3c05 (2026-04-13)" in problems[0]
@@ -152,7 +153,9 @@ def test_an_architecture_the_pin_lacks_is_refused_in_the_engines_words():
     # the newer commit the kit has read knows it; an arch no commit knows gets no false hint
     assert validate_filters.hmk_engine_arch_problems(catalog, ["deepseek-v4-flash"], "ik_llama.cpp",
                                                      hmk_engine_arch.IK_NEWEST) == []
-    never = hmk_engine_arch.arch_problem("ik_llama.cpp", hmk_engine_arch.IK_PIN, "kimi-k3")
+    never = hmk_engine_arch.arch_problem("ik_llama.cpp", hmk_engine_arch.IK_55D3C05, "kimi-k3")
+    at_pin = hmk_engine_arch.arch_problem("ik_llama.cpp", hmk_engine_arch.IK_PIN, "kimi-k3")
+    assert "no commit the kit has read knows it" in at_pin
     assert "no commit the kit has read knows it" in never
 
 
@@ -162,18 +165,31 @@ def test_a_commit_the_kit_has_not_read_is_not_judged():
     assert hmk_engine_arch.catalog_arch_problems(catalog, ["deepseek-v4-flash"], "llama.cpp", "0" * 40) == []
 
 
-def test_the_arch_list_at_the_pin_is_the_engines_own():
-    """The list in hmk_engine_arch is llama-arch.cpp's LLM_ARCH_NAMES at 55d3c05, read from the fixture repository."""
-    import os
+def _fixture_arch_names(upstream, rev=None):
+    """LLM_ARCH_NAMES of src/llama-arch.cpp at the fixture repository's commit of `upstream` (its subject names it)."""
     fixture = Path(os.environ.get("HMK_CACHE", "/var/cache/hybrid-moe-kit")) / "fixtures" / "ik_llama.cpp.git"
     assert fixture.is_dir(), "no ik_llama.cpp fixture repository at %s: run scripts/lab-fixtures (make unit does)" % fixture
-    commits = subprocess.run(["git", "-C", str(fixture), "log", "--all", "--format=%H %s"], capture_output=True,
+    commits = subprocess.run(["git", "-C", str(fixture), "log", "--format=%H %s", rev or "--all"], capture_output=True,
                              text=True, check=True).stdout.splitlines()
-    commit = next(c.split()[0] for c in commits if hmk_engine_arch.IK_PIN in c)
+    commit = next((c.split()[0] for c in commits if upstream in c), None)
+    assert commit, "no commit of %s in %s%s" % (upstream, fixture, " on " + rev if rev else "")
     source = subprocess.run(["git", "-C", str(fixture), "show", commit + ":src/llama-arch.cpp"], capture_output=True,
                             text=True, check=True).stdout
-    names = set(hmk_engine_arch.read_arch_names(source).values())
-    assert names == set(hmk_engine_arch.IK_ARCHS_55D3C05)
+    return set(hmk_engine_arch.read_arch_names(source).values())
+
+
+def test_the_arch_list_at_the_old_pin_is_the_engines_own():
+    """The list in hmk_engine_arch is llama-arch.cpp's LLM_ARCH_NAMES at 55d3c05 (fixture branch pin-55d3c05)."""
+    assert _fixture_arch_names(hmk_engine_arch.IK_55D3C05, "refs/heads/pin-55d3c05") == \
+        set(hmk_engine_arch.IK_ARCHS_55D3C05)
+
+
+def test_the_arch_list_at_the_pin_is_the_engines_own():
+    """The pin (8337e4cd) is the fixture repository's main, and the kit's list is its LLM_ARCH_NAMES."""
+    assert hmk_engine_arch.IK_PIN == yaml.safe_load((REPO / "roles" / "llama_build" / "defaults" / "main.yml")
+                                                    .read_text())["llama_build_version"]
+    assert _fixture_arch_names(hmk_engine_arch.IK_PIN, "refs/heads/main") == \
+        set(hmk_engine_arch.known_archs("ik_llama.cpp", hmk_engine_arch.IK_PIN))
 
 
 def test_model_sync_checks_the_architecture_before_it_syncs():

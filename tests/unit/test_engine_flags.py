@@ -43,7 +43,7 @@ def _pin_commit():
     assert (FIXTURE / "HEAD").exists(), "no fixture repository at %s: run scripts/lab-fixtures (make unit does)" % FIXTURE
     log = subprocess.run(["git", "-C", str(FIXTURE), "log", "--all", "--format=%H %s"], capture_output=True, text=True,
                          check=True).stdout.splitlines()
-    return next(line.split()[0] for line in log if hmk_engine_arch.IK_PIN in line)
+    return next(line.split()[0] for line in log if hmk_engine_arch.IK_55D3C05 in line)
 
 
 def _pin_file(path):

@@ -195,6 +195,16 @@ def test_a_full_offload_log_passes_the_layer_count_of_a_61_layer_model():
     assert "override_rules" in failed(result)
 
 
+def test_a_cpu_only_start_without_override_lines_is_not_blamed_on_the_rules():
+    """ik_llama.cpp from 8337e4cd drops -ot when it finds no GPU (src/llama.cpp, llama_model_load_from_file): the
+    CPU-only start is the finding, not the rules; with a GPU in use a missing override line still fails."""
+    plan = record(R1, [24])
+    result = elog.evaluate(elog.parse("ggml_cuda_init: no CUDA devices found\n"), plan)
+    assert "cuda_devices" in failed(result) and "override_rules" not in failed(result)
+    assert next(c for c in result["checks"] if c["check"] == "override_rules")["status"] == "skip"
+    assert "override_rules" in failed(elog.evaluate(parsed("ik--1gpu-a6000-full-offload-pr333.log"), plan))
+
+
 def test_fewer_layers_offloaded_than_ngl_asks_fails():
     facts = elog.parse("llm_load_tensors: offloaded 30/62 layers to GPU\n")
     result = elog.evaluate(facts, record(R1, [24]))

@@ -146,7 +146,8 @@ def test_a_partial_offload_keeps_the_cpu_layers_experts_in_dram():
 
 
 def test_the_split_rule_follows_the_engine_and_its_commit():
-    assert svc.split_model("ik_llama.cpp", "2026-04-13") == "bytes"   # the kit's pin, 55d3c05
+    assert svc.split_model("ik_llama.cpp", "2026-04-13") == "bytes"   # 55d3c05, the pin before issue 25
+    assert svc.split_model("ik_llama.cpp", "2026-08-15") == "bytes"   # the kit's pin, 8337e4cd
     assert svc.split_model("ik_llama.cpp", "2025-11-20") == "layers"
     assert svc.split_model("llama.cpp", "2026-10-01") == "layers"
     assert svc.split_model("ik_llama.cpp", "") == "layers"

@@ -28,7 +28,8 @@ svc = _load("inference_service_filters", REPO / "plugins" / "filter" / "inferenc
 validate_filters = importlib.import_module("ansible_collections.hmk.moe_kit.plugins.filter.hmk_validate")
 gguf_layout = importlib.import_module("ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_gguf")
 
-# The flags table the llama_build role checks every build against; the pinned ik commit is 55d3c05 (2026-04-13).
+# The flags table the llama_build role checks every build against. IK_PINNED: the set at 55d3c05 (2026-04-13), the
+# pin before issue 25; 8337e4cd (2026-08-15, the pin now) adds only opt-in flags (test_engine_flags.py checks those).
 FLAG_TABLE = yaml.safe_load((REPO / "roles" / "llama_build" / "defaults" / "main.yml").read_text())["llama_build_engine_flags"]
 IK_PINNED = svc.engine_flag_set(FLAG_TABLE, "ik_llama.cpp", "2026-04-13")
 MAINLINE = svc.engine_flag_set(FLAG_TABLE, "llama.cpp", "2026-10-01")

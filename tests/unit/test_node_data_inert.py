@@ -20,7 +20,7 @@ from test_tune import _result, tune
 
 REPO = Path(__file__).resolve().parents[2]
 ERR = tune.AnsibleFilterError
-GOOD_BUILD, GOOD_COMMIT = "7e0c0f7f87e3-5a2b9c1d", "7e0c0f7f87e3ee9d48862d6a5adcf42c9ed8ecbe"
+GOOD_BUILD, GOOD_COMMIT = "462213ef9ec3-5a2b9c1d", "462213ef9ec32d610a70c0aba165aaf67d9bfb9e"
 
 
 def payload(canary, astral=True):

@@ -11,7 +11,9 @@ import unit_support
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("HMK_CACHE", "/var/cache/hybrid-moe-kit"))
-OLD_REPO = CACHE / "fixtures" / "ik_llama.cpp.git"  # scripts/lab-fixtures -> tests/fixtures/engines/make-ik-repo.sh
+# scripts/lab-fixtures -> tests/fixtures/engines/make-ik-repo.sh: branch pin-55d3c05 (the PyPI sdist's tree) and main
+# (the pin, 8337e4cd, from the tarball below)
+OLD_REPO = CACHE / "fixtures" / "ik_llama.cpp.git"
 SOURCES = Path(os.environ.get("HMK_SOURCES", REPO.parent / "shared" / "sources"))
 NEW_TARBALL = SOURCES / "ik_llama.cpp" / "ik_llama.cpp-8337e4cd-src.tar.gz"
 TABLE = REPO / "roles" / "llama_build" / "defaults" / "main.yml"
@@ -27,7 +29,7 @@ ENGINE = "ik_llama.cpp"
 
 def _old_spec():
     assert (OLD_REPO / "HEAD").exists(), "no fixture repository at %s: run scripts/lab-fixtures (make unit does)" % OLD_REPO
-    return "%s@main" % OLD_REPO
+    return "%s@pin-55d3c05" % OLD_REPO  # main holds the pin since issue 25, 8337e4cd
 
 
 @pytest.fixture(scope="session")
@@ -56,6 +58,20 @@ def test_real_bump_passes_and_prints_the_default_changes(real_sources, capsys):
     assert re.search(r"^  -ngl: 0 -> -1  \[mparams\.n_gpu_layers", out, re.M)
     assert "--defer-experts" in out and "--prefetch-experts" in out  # flags added between the two commits
     assert "flags removed (0)" in out
+
+
+def test_the_fixture_repository_bump_is_the_same_check(real_sources, capsys):
+    """What `make pins` runs by default: FROM is the fixture repository's main, which holds the pin (8337e4cd, the
+    tarball's tree), and pin-55d3c05 the old pin; old -> main prints the same default changes and passes, and main ->
+    the tarball finds nothing to change."""
+    old, new = real_sources
+    main = "%s@main" % OLD_REPO
+    rc = pins.main(["--engine", ENGINE, old.spec, main])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "  -amb: 0 -> 256  [params.attn_max_batch]" in out
+    assert "--defer-experts" in out and "flags removed (0)" in out
+    assert pins.read_engine(pins.Source(main, ENGINE), ENGINE) == pins.read_engine(new, ENGINE)
 
 
 def test_the_table_records_what_the_sources_say(real_sources):

@@ -340,14 +340,14 @@ def _result(**changes):
     state = twin_state(kind="mix")
     state, _unused = run_search(state, lambda v: (500.0 * v["threads"], 50.0))
     facts = {"host": "tune-monitoring", "now": 1100, "date": "2026-12-02T10:00:00Z", "engine": "ik_llama.cpp",
-             "build": "7e0c0f7f87e3-5a2b9c1d", "commit": "7e0c0f7f87e3ee9d48862d6a5adcf42c9ed8ecbe",
+             "build": "462213ef9ec3-5a2b9c1d", "commit": "462213ef9ec32d610a70c0aba165aaf67d9bfb9e",
              "model": "/srv/models/tiny-deepseek2/tiny-deepseek2.gguf", "model_bytes": 15414624,
              "architecture": "deepseek2"}
     facts.update(changes)
     return tune.summary(state, facts)
 
 
-DEPLOYED = {"engine": "ik_llama.cpp", "build": "7e0c0f7f87e3-5a2b9c1d",
+DEPLOYED = {"engine": "ik_llama.cpp", "build": "462213ef9ec3-5a2b9c1d",
             "model": "/srv/models/tiny-deepseek2/tiny-deepseek2.gguf", "model_bytes": 15414624}
 
 

@@ -16,9 +16,9 @@ import testinfra
 
 NODES = {"day2-a": 18501, "day2-b": 18502}
 KEY = "hmk-test-key-7d1e5b90c2a4f386"
-MAIN = "7e0c0f7f87e3ee9d48862d6a5adcf42c9ed8ecbe"
-GOOD = "673cdf269c6fcefdfa05fc9e03e25fc23ba3338b"
-BAD_GATE = "cc045ee3a982b8954bcb71836a3ca8c1a7818e7e"
+MAIN = "462213ef9ec32d610a70c0aba165aaf67d9bfb9e"
+GOOD = "c963af7bfa0d11f5ae5095696301d996f324deec"
+BAD_GATE = "a00d55351a3b45dc777a16545ef09d22fa42623e"
 STATE = "/var/lib/hmk-day2-test"
 ROOT = "/opt/hmk/engines/ik_llama.cpp"
 DEEPSEEK = "/srv/models/tiny-deepseek2/tiny-deepseek2-00001-of-00002.gguf"

@@ -32,7 +32,7 @@ DOOR_NAME = "hmk-door-gw-node-b"
 ALICE = "hmk-test-alice-key-4f8e21d0"
 BOB = "hmk-test-bob-key-9a3c67e2b1"
 LOAD = "hmk-test-load-key-e07d2c55a9"
-GOOD = "673cdf269c6fcefdfa05fc9e03e25fc23ba3338b"
+GOOD = "c963af7bfa0d11f5ae5095696301d996f324deec"
 # The role's defaults: a check every 2 s, out after 2 failures; a check that gets no answer fails after 5 s.
 CHECK_INTERVAL, CHECK_FALL, CHECK_TIMEOUT = 2, 2, 5
 
@@ -479,7 +479,7 @@ def test_an_interrupted_run_leaves_the_node_serving_its_last_good_configuration_
     assert heal["after"] == heal["before"], heal
     if name == "upgrade":
         # Killed with the main commit's build already current: the heal put the link back.
-        assert os.path.basename(heal["at_kill"]).startswith("7e0c0f7f87e3-"), heal
+        assert os.path.basename(heal["at_kill"]).startswith("462213ef9ec3-"), heal
         assert os.path.basename(heal["after"]).startswith(GOOD[:12] + "-"), heal
     assert not hosts["gw-node-a"].file("/etc/hmk/hmk-inference.last-good/armed").exists
     assert hosts["gw-node-a"].service("hmk-inference").is_running

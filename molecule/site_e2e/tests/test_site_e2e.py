@@ -5,7 +5,7 @@ import os
 UNIT = "hmk-inference.service"
 PORT = 18491
 KEY = "hmk-lab-key-not-a-secret"  # the lab inventory's (inventories/lab/group_vars/twins/service.yml)
-FIXTURE_SHA = "7e0c0f7f87e3ee9d48862d6a5adcf42c9ed8ecbe"
+FIXTURE_SHA = "462213ef9ec32d610a70c0aba165aaf67d9bfb9e"
 MODEL_DIR = "/srv/models/tiny-deepseek2"
 REPORTS = os.path.join(os.environ.get("MOLECULE_EPHEMERAL_DIRECTORY", ""), "reports", "site-e2e")
 
