@@ -15,7 +15,7 @@ __metaclass__ = type
 import math
 import re
 
-from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_door import door_names
+from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_door import door_names, door_stale_client_files
 from ansible_collections.hmk.moe_kit.plugins.module_utils.hmk_validate import guard_filters, refusal, rule_ip, rule_port
 
 try:
@@ -244,6 +244,40 @@ def gpu_exporter_choice(requested, gpu_count, dcgm_candidate):
         "" if requested == "nvidia-smi" else " (apt offers no datacenter-gpu-manager-exporter)")}
 
 
+def stale_secret_files(files, targets, key_dir="/etc/prometheus/hmk"):
+    """Paths among `files` (what ansible.builtin.find gives for Prometheus' key directory and its doors/ directory)
+    that no current scrape target (`targets`, the role's list of {name, engine_key, door}) uses any more: the
+    <node>.api-key of a node that left monitoring_server_nodes, or whose key its door now holds, and the door files
+    <slug>.pem / <slug>.key of a node that left or lost its door. Each opens a node Prometheus no longer scrapes (a key
+    or a client certificate its door still trusts), so it goes. The door CA's ca.pem and files of any other name stay.
+    Sorted."""
+    if not isinstance(targets, list):
+        _fail("monitoring_stale_secret_files: expected the role's list of scrape targets, got %s" % type(targets).__name__)
+    key_dir = str(key_dir).rstrip("/")
+    door_dir = key_dir + "/doors"
+    keyed = set()
+    doors = set()
+    for target in targets:
+        if not isinstance(target, dict) or not target.get("name"):
+            _fail("monitoring_stale_secret_files: each target needs a name, got %r" % (target,))
+        if _true(target.get("engine_key", False)):
+            keyed.add(str(target["name"]))
+        if _true(target.get("door", False)):
+            doors.add(door_names(target["name"])["slug"])
+    stale = []
+    in_doors = {}
+    for entry in files or []:
+        path = str(entry.get("path", "") if isinstance(entry, dict) else entry).rstrip("/")
+        parent, _sep, name = path.rpartition("/")
+        if parent == key_dir and name.endswith(".api-key") and len(name) > len(".api-key"):
+            if name[:-len(".api-key")] not in keyed:
+                stale.append(path)
+        elif parent == door_dir:
+            in_doors[name] = path
+    stale += [in_doors[name] for name in door_stale_client_files(list(in_doors), doors, (".pem", ".key"))]
+    return sorted(stale)
+
+
 class FilterModule(object):
     """Filters of the monitoring roles."""
 
@@ -252,4 +286,5 @@ class FilterModule(object):
             "monitoring_kit_metrics": kit_metrics,
             "monitoring_scrape_configs": scrape_configs,
             "monitoring_gpu_exporter_choice": gpu_exporter_choice,
+            "monitoring_stale_secret_files": stale_secret_files,
         }, AnsibleFilterError)

@@ -33,23 +33,26 @@ def door_names(name):
             "monitor": "hmk-monitoring-to-" + slug}
 
 
-# The file a gateway keeps per door node in its doors directory: <slug>.pem, the client certificate with its key. A
-# slug is 1 to 48 of [a-z0-9-], neither first nor last a '-' (door_names); ca.pem beside them is the door CA's.
-_CLIENT_FILE_RE = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,46}[a-z0-9])?\.pem")
+# The files kept per door node beside the door CA's ca.pem: <slug>.pem on the gateway (the client certificate with its
+# key), <slug>.pem and <slug>.key on Prometheus' host. A slug is 1 to 48 of [a-z0-9-], neither first nor last a '-'
+# (door_names).
+_SLUG_RE = r"[a-z0-9](?:[a-z0-9-]{0,46}[a-z0-9])?"
 DOOR_CA_FILE = "ca.pem"
 
 
-def door_stale_client_files(files, slugs):
-    """The names among `files` (what a gateway's doors directory holds, names or paths) that are a door client
-    certificate of the kit's naming (<slug>.pem) and belong to none of `slugs` (the current door nodes): the
-    certificate of a node that left the group, or no longer has a door. The CA's certificate and any file of another
-    name (the operator's, a backup, a key) are never chosen. Sorted, names only."""
+def door_stale_client_files(files, slugs, suffixes=(".pem",)):
+    """The names among `files` (what a doors directory holds, names or paths) that are a door client file of the
+    kit's naming (<slug><suffix>, for each of `suffixes`) and belong to none of `slugs` (the current door nodes): the
+    certificate or key of a node that left the group, or no longer has a door. The CA's certificate and any file of
+    another name (the operator's, a backup) are never chosen. Sorted, names only."""
     keep = set(str(s) for s in slugs or [])
+    file_re = re.compile("(%s)(%s)" % (_SLUG_RE, "|".join(re.escape(str(x)) for x in suffixes)))
     stale = set()
     for entry in files or []:
         name = str(entry).rstrip("/").rsplit("/", 1)[-1]
-        if name == DOOR_CA_FILE or not _CLIENT_FILE_RE.fullmatch(name):
+        match = file_re.fullmatch(name)
+        if name == DOOR_CA_FILE or not match:
             continue
-        if name[:-len(".pem")] not in keep:
+        if match.group(1) not in keep:
             stale.add(name)
     return sorted(stale)

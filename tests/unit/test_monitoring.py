@@ -193,3 +193,39 @@ def test_the_dashboard_queries_only_metrics_that_exist():
     for subject in ("tokens/s", "queue", "roofline efficiency", "gpu board power", "gpu memory", "dram bandwidth"):
         assert subject in titles, subject
     assert dashboard["templating"]["list"][0]["name"] == "node"
+
+
+KEYS = "/etc/prometheus/hmk"
+
+
+def _found(*names):
+    """What ansible.builtin.find gives for the key directory, two levels deep."""
+    return [{"path": "%s/%s" % (KEYS, name)} for name in names]
+
+
+def test_a_departed_node_s_key_and_door_files_go_and_the_current_ones_and_the_ca_stay():
+    targets = [{"name": "epyc-01", "engine_key": True, "door": False},
+               {"name": "Node_B.lab", "engine_key": False, "door": True},
+               {"name": "epyc-03", "engine_key": "False", "door": "false"}]
+    found = _found("epyc-01.api-key", "epyc-02.api-key", "epyc-03.api-key", "Node_B.lab.api-key",
+                   "doors/ca.pem", "doors/node-b-lab.pem", "doors/node-b-lab.key",
+                   "doors/epyc-02.pem", "doors/epyc-02.key",
+                   # the operator's own files, of no kit name, and a .pem at the top level: never chosen
+                   "doors/epyc-02.pem.bak", "doors/README", "operator.pem", ".api-key")
+    assert mon.stale_secret_files(found, targets, KEYS + "/") == [
+        # left the nodes; no key (a door or none) any more; its door now holds the key
+        KEYS + "/Node_B.lab.api-key", KEYS + "/doors/epyc-02.key", KEYS + "/doors/epyc-02.pem",
+        KEYS + "/epyc-02.api-key", KEYS + "/epyc-03.api-key"]
+    # A node that lost its door: both of its door files go, the CA stays for the others.
+    assert mon.stale_secret_files(found[4:7], [dict(targets[1], door=False)], KEYS) == [
+        KEYS + "/doors/node-b-lab.key", KEYS + "/doors/node-b-lab.pem"]
+    # Nothing stale: nothing chosen; plain path strings are read as well.
+    assert mon.stale_secret_files([KEYS + "/epyc-01.api-key", KEYS + "/doors/ca.pem"], targets[:1], KEYS) == []
+    assert mon.FilterModule().filters()["monitoring_stale_secret_files"] is not None
+
+
+def test_the_stale_file_filter_refuses_what_is_not_the_role_s_target_list():
+    with pytest.raises(mon.AnsibleFilterError, match="monitoring_stale_secret_files"):
+        mon.stale_secret_files([], {"epyc-01": {}})
+    with pytest.raises(mon.AnsibleFilterError, match="needs a name"):
+        mon.stale_secret_files([], [{"engine_key": True}])

@@ -153,6 +153,10 @@ def test_the_exporters_listen_on_loopback_only_and_metrics_need_the_key(host):
     key_file = host.file("/etc/prometheus/hmk/%s.api-key" % HOST)
     assert key_file.mode == 0o640 and key_file.user == "root" and key_file.group == "prometheus"
     assert KEY not in host.check_output("ps -eo args")
+    # prepare left a departed node's key and door files: gone; the operator's note beside them stays
+    for name in ("departed-node.api-key", "doors/departed-node.pem", "doors/departed-node.key"):
+        assert not host.file("/etc/prometheus/hmk/" + name).exists, name
+    assert host.file("/etc/prometheus/hmk/doors/NOTES.txt").exists
 
 
 def test_prometheus_scraped_the_engine_s_tokens_counter_with_the_key():
