@@ -360,3 +360,41 @@ def test_the_ktransformers_build_script_logs_every_step_and_reports_a_failed_one
     else:
         assert log.endswith("not reached on failure\n")
         assert progress.startswith("step 4/4, ")
+
+
+@pytest.mark.parametrize("engine", ["llama", "kt"])
+def test_the_build_scripts_compile_in_the_c_locale_whatever_the_session_brings(tmp_path, fake_tools, engine):
+    """ccache hashes LANG, LC_ALL, LC_CTYPE and LC_MESSAGES: an SSH session (which sends the operator's locale) and a
+    docker exec (none) must hand the compiler the same, or the same build key compiles from scratch."""
+    seen = tmp_path / "seen-by-cmake"
+    (fake_tools / "cmake").write_text(
+        '#!/bin/bash\n[ "$1" = --version ] && { echo "cmake version 3.25.1"; exit 0; }\n'
+        'for v in LANG LANGUAGE LC_ALL LC_CTYPE LC_MESSAGES; do echo "$v=${!v-unset}"; done >> %s\n' % seen)
+    root = tmp_path / "engine"
+    for sub in ("staging", "logs", "src"):
+        (root / sub).mkdir(parents=True)
+    if engine == "llama":
+        text = render(LLAMA, {
+            "llama_build_root": str(root), "llama_build_engine": "llama.cpp", "__llama_build_sha": "abc",
+            "__llama_build_key": "b1", "llama_build_ccache_dir": str(tmp_path / "ccache"),
+            "llama_build_ccache_max_size": "5G", "__llama_build_cuda_on": False, "__llama_build_cuda_home": "",
+            "__llama_build_cmake_args": ["-DGGML_NATIVE=OFF"], "llama_build_jobs": 2,
+            "llama_build_targets": ["llama-server"]})
+    else:
+        text = render(KT, {
+            "ktransformers_build_root": str(root), "__ktransformers_build_sha": "abc", "__ktransformers_build_key": "k1",
+            "__ktransformers_build_kt_version": "0.4", "ktransformers_build_ccache_dir": str(tmp_path / "ccache"),
+            "ktransformers_build_ccache_max_size": "5G", "__ktransformers_build_cuda_archs": "",
+            "__ktransformers_build_cuda_home": "",
+            "__ktransformers_build_plan": {"chdir": str(root / "src"), "env": {"PATH": "%s:/usr/bin:/bin" % fake_tools},
+                                           "commands": [["cmake", "--build", "."]]}})
+    script = tmp_path / "b.sh"
+    script.write_text(text)
+    session = {"LANG": "de_DE.UTF-8", "LANGUAGE": "de", "LC_ALL": "C.UTF-8", "LC_CTYPE": "C.UTF-8",
+               "LC_MESSAGES": "fr_FR.UTF-8"}
+    run = subprocess.run(["bash", str(script)], env=dict(os.environ, PATH="%s:%s" % (fake_tools, os.environ["PATH"]),
+                                                         **session),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=False)
+    assert run.returncode == 0, run.stderr.decode()
+    lines = set(seen.read_text().split())
+    assert lines == {"LANG=unset", "LANGUAGE=unset", "LC_ALL=unset", "LC_CTYPE=unset", "LC_MESSAGES=unset"}, lines
