@@ -148,6 +148,10 @@ def test_the_engine_got_the_rendered_arguments_byte_for_byte(host):
     assert argv[argv.index("-ot") + 1] == r"blk\.\d+\.ffn_(up|down|gate)_exps\.weight=CPU"
     assert argv[argv.index("--host") + 1] == "127.0.0.1"
     assert "--metrics" in argv
+    # What the engine decides unless told (issue 25; its -amb default moved from no limit to 256 and -ngl's from 0 to
+    # auto between 55d3c05 and the pin 8337e4cd), passed explicitly with a number: the kit's plan, not the engine's.
+    for flag in ("-ngl", "-amb", "-cram", "--ctx-checkpoints"):
+        assert flag in argv and re.fullmatch(r"-?\d+", argv[argv.index(flag) + 1]), (flag, argv)
 
 
 def test_the_ot_regex_reached_the_engine_intact(host):
