@@ -326,6 +326,39 @@ def test_install_inserts_the_image_boots_cd_once_restarts_and_times_out_clearly_
     assert HASH not in out and PASSWORD not in out
 
 
+def test_a_port_that_accepts_without_an_ssh_server_behind_it_is_not_taken_for_the_installed_node(bmc, mirror):
+    """A NAT, a port forward or a load balancer accepts a connection before any sshd runs behind it (QEMU's
+    user-mode port forward does, molecule/bmc_os_install found): the role waits for the SSH banner, not the port."""
+    import socket
+    import threading
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    stop = threading.Event()
+
+    def accept_and_close():
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                connection, _peer = listener.accept()
+                connection.close()
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept_and_close, daemon=True)
+    thread.start()
+    node = dict(_silent_node(), ansible_port=listener.getsockname()[1])
+    try:
+        r, _report = run_play(bmc, _install_vars(bmc, mirror), node=node)
+    finally:
+        stop.set()
+        thread.join()
+        listener.close()
+    assert r.returncode != 0
+    assert ("epyc-node did not open SSH on 127.0.0.1:%d within 5 s (bmc_os_install_timeout)" % node["ansible_port"]
+            in r.stdout), r.stdout[-3000:]
+
+
 def test_an_installed_node_that_answers_as_itself_is_refused_and_nothing_changes(bmc, mirror):
     uuid_file = bmc["dir"] / "product_uuid"
     uuid_file.write_text(UUID.upper() + "\n")  # the kernel's view of SMBIOS on the node: the BMC's system

@@ -134,7 +134,8 @@ def test_every_role_has_a_case_of_each_class_its_rules_take(role):
 
 
 # Scenarios that run a role only through an entry point without validation (their values never reach validate.yml).
-NOT_VALIDATED = {("gpu_devices", "nvidia_driver")}  # tasks_from: device_nodes.yml
+NOT_VALIDATED = {("gpu_devices", "nvidia_driver"),  # tasks_from: device_nodes.yml
+                 ("bmc_os_install", "bmc")}  # the install's URLs come from the bed's files: below, filled in
 
 
 def _scenario_values():
@@ -162,3 +163,19 @@ def _scenario_values():
 @pytest.mark.parametrize("role, values", _scenario_values())
 def test_the_scenario_values_pass_the_role_validation(role, values):
     assert first_refusal(role, values) is None
+
+
+def test_the_os_install_scenario_values_pass_the_bmc_validation_with_its_bed_urls():
+    scenario = _load(REPO / "molecule" / "bmc_os_install" / "molecule.yml")
+    values = scenario["provisioner"]["inventory"]["group_vars"]["inference_nodes"]
+    mine = {k: v for k, v in values.items() if k.startswith("bmc_") and "{{" not in str(v)}
+    assert mine["bmc_os_install"] is True and mine["bmc_os_install_debian_tasks"] == ["ssh-server"]
+    mine.update(bmc_address="127.0.0.1:8443", bmc_username="hmk-admin", bmc_password="x",
+                bmc_os_install_image_url="http://127.0.0.1:8080/mirror/debian-12-amd64-netboot-cd.iso",
+                bmc_os_install_image_checksum="sha256:" + "0" * 64,
+                bmc_os_install_publish_url="http://10.0.2.2:8080/seeds",
+                bmc_os_install_media_url="http://127.0.0.1:8080/seeds")
+    assert first_refusal("bmc", mine) is None
+    assert "bmc_os_install_media_url" in first_refusal("bmc", dict(mine, bmc_os_install_media_url="ftp:/x"))
+    assert "bmc_os_install_debian_tasks" in first_refusal("bmc", dict(mine, bmc_os_install_debian_tasks=["ssh server"]))
+    assert "bmc_os_install_debian_tasks" in first_refusal("bmc", dict(mine, bmc_os_install_debian_tasks=[]))

@@ -144,3 +144,19 @@ def test_the_rebuilt_iso_is_named_by_its_inputs_and_is_what_the_bmc_inserts():
     assert str(value("__bmc_os_boot_url", bmc_os_install_family="ubuntu")) != first
     assert str(value("__bmc_os_boot_url", bmc_os_install_remaster=False,
                      bmc_os_install_image_url="http://mirror.lab/d.iso")) == "http://mirror.lab/d.iso"
+
+
+def test_the_bmc_fetches_the_rebuilt_iso_at_the_media_url_and_the_installer_the_seed_at_the_publish_url():
+    """BMCs on a management network see the mirror at another address than the nodes' installers."""
+    iso = str(value("__bmc_os_boot_url", bmc_os_install_media_url="http://10.9.0.5:8080/hmk/"))
+    assert re.fullmatch(r"http://10\.9\.0\.5:8080/hmk/epyc-node/installer-[0-9a-f]{12}\.iso", iso)
+    assert iso.rsplit("/", 1)[1] == str(value("__bmc_os_boot_url")).rsplit("/", 1)[1]  # the same build
+    params = str(value("__bmc_os_boot_params", bmc_os_install_media_url="http://10.9.0.5:8080/hmk/"))
+    assert "preseed/url=http://seeds.lab:8080/hmk/epyc-node/preseed.cfg" in params
+
+
+def test_the_preseed_installs_the_asked_tasks_and_grub_at_the_removable_path():
+    assert "tasksel tasksel/first multiselect standard, ssh-server\n" in render("preseed.cfg.j2")
+    seed = render("preseed.cfg.j2", bmc_os_install_debian_tasks=["ssh-server"])
+    assert "tasksel tasksel/first multiselect ssh-server\n" in seed
+    assert "d-i grub-installer/force-efi-extra-removable boolean true\n" in seed
