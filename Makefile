@@ -15,10 +15,13 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 DEB_PACKAGES := qemu-system-x86 qemu-utils debootstrap grub-pc-bin grub2-common e2fsprogs fdisk \
 	openssh-client docker.io python3-venv git rsync curl haproxy shellcheck xorriso \
 	libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libvirt-dev pkg-config gcc
+# What only `make test-slow` needs: the UEFI firmware for QEMU, Debian's netboot installer and GRUB's signed CD image
+# (molecule/bmc_os_install builds its stand-in of the netinst ISO from them), and the tools for that ISO's FAT image.
+DEB_PACKAGES_SLOW := ovmf debian-installer-12-netboot-amd64 grub-efi-amd64-signed mtools dosfstools
 LAB_ARGS ?=
 LAB_KIND ?= container
 
-.PHONY: help deps venv image lab lab-down lint syntax unit pins sanity integration collection docs ee cuda-sample molecule kt-native test test-quick test-slow bench fleet-bench clean \
+.PHONY: help deps deps-slow bmc-os-install venv image lab lab-down lint syntax unit pins sanity integration collection docs ee cuda-sample molecule kt-native test test-quick test-slow bench fleet-bench clean \
 	gpu-bundle gpu-acceptance
 
 help:
@@ -26,7 +29,8 @@ help:
 	@echo "make lab-down    remove the twin"
 	@echo "make test        everything CI runs: lint, syntax, unit tests, every Molecule scenario"
 	@echo "make test-quick  lint, syntax, unit tests (no twins)"
-	@echo "make test-slow   what does not fit in CI's time: kt-kernel built for this machine's NATIVE class"
+	@echo "make test-slow   what does not fit in CI's time: kt-kernel built for this machine's NATIVE class, and"
+	@echo "                 an OS installed through a BMC's virtual media (molecule/bmc_os_install)"
 	@echo "make bench       the test bed's costs (image, boot, reboot, container, scenarios)"
 	@echo "make gpu-bundle  stage what tests/gpu/acceptance.sh needs on a GPU machine without internet"
 	@echo "make pins        check an engine pin bump: ENGINE=ik_llama.cpp FROM=<tree|tarball|gitdir@rev> TO=<...>"
@@ -39,6 +43,13 @@ help:
 # Debian packages the bed needs; apt-get only when one is missing.
 deps:
 	@missing=$$(for p in $(DEB_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:" $$missing; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
+	fi
+
+deps-slow: deps
+	@missing=$$(for p in $(DEB_PACKAGES_SLOW); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:" $$missing; \
 	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
@@ -141,7 +152,12 @@ gpu-acceptance:
 test-quick: lint syntax unit
 
 # Not in `make test` (CI's 90 minutes): see the README's Tests section.
-test-slow: kt-native
+test-slow: kt-native bmc-os-install
+
+# An OS installed through the BMC's virtual media on a machine with an empty disk, then preflight on it
+# (molecule/bmc_os_install): about 40 minutes on 2 cores, most of it the Debian installer under TCG.
+bmc-os-install: deps-slow venv
+	molecule test -s bmc_os_install
 
 # Each part timed; reports/timing.json and reports/timing.md say what each cost and which caches it hit.
 # Parts joined by + run at once (scripts/test-run): each keeps one of the two cores busy, and none reads what

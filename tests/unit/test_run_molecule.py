@@ -93,3 +93,13 @@ def test_hmk_scenarios_runs_only_those_and_a_waiting_one_runs_without_engine_bui
     res, events = _run(tmp_path, HMK_SCENARIOS="gateway twin_vm")
     assert res.returncode == 0, res.stdout + res.stderr
     assert sorted(events) == ["end gateway", "end twin_vm", "start gateway", "start twin_vm"]
+
+
+def test_the_slow_os_install_scenario_is_left_to_make_test_slow_unless_named(tmp_path):
+    _bed(tmp_path, ["twin_vm", "bmc_os_install", "zz_unlisted"])
+    res, events = _run(tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "start bmc_os_install" not in events and "start zz_unlisted" in events
+    assert "molecule: 2 passed, 0 failed" in res.stdout
+    res, events = _run(tmp_path, HMK_SCENARIOS="bmc_os_install")
+    assert res.returncode == 0 and events == ["start bmc_os_install", "end bmc_os_install"]

@@ -157,7 +157,7 @@ def save(work, state):
     (work / "bed.json").write_text(json.dumps(state, indent=2) + "\n")
 
 
-def start_emulator(work, python, port, state):
+def start_emulator(work, python, port, state, emulator=HERE / "emulator.py", uuid=UUID):
     cert, key = work / "cert.pem", work / "key.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
                     "/CN=127.0.0.1", "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
@@ -170,9 +170,12 @@ def start_emulator(work, python, port, state):
     credentials.touch(mode=0o600)
     credentials.write_text(json.dumps({"bmc_username": USER, "bmc_password": password}))
     (work / "emulator.conf").write_text(
-        "SUSHY_EMULATOR_AUTH_FILE = %r\nSUSHY_EMULATOR_LIBVIRT_URI = %r\n" % (str(htpasswd), uri(work)))
+        "SUSHY_EMULATOR_AUTH_FILE = %r\nSUSHY_EMULATOR_LIBVIRT_URI = %r\n"
+        # Its virtual media and other state in DIR: by default sushy-tools keeps them in /tmp across restarts, where
+        # an earlier bed's inserted CD would still count as inserted.
+        "SUSHY_EMULATOR_STATE_DIR = %r\n" % (str(htpasswd), uri(work), str(work / "emulator-state")))
     log = open(work / "emulator.log", "w")
-    proc = subprocess.Popen([python, str(HERE / "emulator.py"), str(work / "requests.log"), "--",
+    proc = subprocess.Popen([python, str(emulator), str(work / "requests.log"), "--",
                              "--config", str(work / "emulator.conf"), "-i", "127.0.0.1", "-p", str(port),
                              "--ssl-certificate", str(cert), "--ssl-key", str(key)],
                             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -185,7 +188,7 @@ def start_emulator(work, python, port, state):
     def answers():
         if proc.poll() is not None:
             sys.exit("sushy-emulator ended: %s" % (work / "emulator.log").read_text()[-2000:])
-        request = urllib.request.Request("https://127.0.0.1:%d/redfish/v1/Systems/%s" % (port, UUID))
+        request = urllib.request.Request("https://127.0.0.1:%d/redfish/v1/Systems/%s" % (port, uuid))
         request.add_header("Authorization", "Basic " + base64.b64encode(
             ("%s:%s" % (USER, password)).encode()).decode())
         try:
