@@ -199,14 +199,19 @@ def start_emulator(work, python, port, state, emulator=HERE / "emulator.py", uui
     wait_for("sushy-emulator", answers, 60, work / "emulator.log")
 
 
-def up(work, fixture):
+def new_bed(work, uuid):
+    """DIR made afresh (refused while a bed is up in it), the host's network as found, and the bed's first state."""
     if (work / "bed.json").exists():
         sys.exit("%s/bed.json exists: a bed is still up (bed.py down %s first)" % (work, work))
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True, mode=0o711)
-    state = {"dir": str(work), "uri": uri(work), "domain": DOMAIN, "uuid": UUID}
     (work / "network-before.json").write_text(json.dumps(host_network(), indent=2) + "\n")
+    return {"dir": str(work), "uri": uri(work), "domain": DOMAIN, "uuid": uuid}
+
+
+def up(work, fixture):
+    state = new_bed(work, UUID)
     start_libvirtd(work, state)
     (work / "domain.xml").write_text(domain_xml(bios_attributes(fixture)))
     virsh(work, "define", str(work / "domain.xml"))

@@ -161,14 +161,8 @@ def _answers(port):
 
 
 def up(work, fixture):
-    if (work / "bed.json").exists():
-        sys.exit("%s/bed.json exists: a bed is still up (bed.py down %s first)" % (work, work))
-    if work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True, mode=0o711)
+    state = base.new_bed(work, UUID)
     account = pwd.getpwnam(base.DAEMON_USER)
-    state = {"dir": str(work), "uri": base.uri(work), "domain": DOMAIN, "uuid": UUID}
-    (work / "network-before.json").write_text(json.dumps(base.host_network(), indent=2) + "\n")
 
     # The kit's SSH key for this run: the seed puts its public half on the node, Molecule logs in with it.
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "hmk-bmc-os-install", "-f",
