@@ -105,6 +105,13 @@ SEL
   kver=$(find "$root/lib/modules" -mindepth 1 -maxdepth 1 -printf '%f\n' | sort -V | tail -n 1)
   in_root update-initramfs -u -k "$kver" >>"$log" 2>&1 || die "update-initramfs failed"
 
+  # The bed's compiled-code cache for the modules Ansible sends as zips (scripts/twin-pyc.py says why): loaded by a
+  # .pth file in the tree's /usr/local site directory, so every python3 on the twin has it and no node ever does.
+  pyver=$(in_root python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+  site=$root/usr/local/lib/python$pyver/dist-packages
+  install -D -m 0644 "$(dirname "$0")/twin-pyc.py" "$site/hmk_twin_pyc.py"
+  printf 'import hmk_twin_pyc\n' > "$site/hmk-twin-pyc.pth"
+
   install -d -m 0700 "$root/root/.ssh"
   install -m 0600 "$pubkey" "$root/root/.ssh/authorized_keys"
   sed -i 's/^#\?UseDNS.*/UseDNS no/' "$root/etc/ssh/sshd_config"

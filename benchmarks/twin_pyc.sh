@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Prints what one Ansible task costs on a twin with and without the image's module code cache (scripts/twin-pyc.py),
+# measured in this run: ten `command` tasks on a VM twin (software emulation) and on a container twin, first with the
+# cache's .pth line moved aside (every task compiles ansible.module_utils), then with it back (the first task fills the
+# cache, not timed). Numbers, not gates. Usage: benchmarks/twin_pyc.sh [PORT] (uses PORT and PORT+1).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -x .venv/bin/ansible-playbook ] && export PATH="$PWD/.venv/bin:$PATH"
+export DOCKER_HOST=unix://${HMK_STATE:-/var/tmp/hybrid-moe-kit}/dockerd/docker.sock
+port=${1:-2396}
+work=$(mktemp -d /var/tmp/hmk-bench-pyc.XXXXXX)
+started_dockerd=0
+cleanup() {
+  scripts/twin down bench-pyc-vm bench-pyc-ct >/dev/null 2>&1 || true
+  if [ "$started_dockerd" = 1 ]; then scripts/twin dockerd stop >/dev/null 2>&1 || true; fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+if [ "$(scripts/twin dockerd status)" != running ]; then scripts/twin dockerd start >/dev/null; started_dockerd=1; fi
+scripts/twin up --kind vm --name bench-pyc-vm --port "$port" >/dev/null
+scripts/twin up --kind container --name bench-pyc-ct --port $((port + 1)) >/dev/null
+key=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["key"])' < <(scripts/twin image 2>/dev/null | tail -n 1))
+cat > "$work/hosts.yml" <<INV
+all:
+  vars: {ansible_host: 127.0.0.1, ansible_user: root, ansible_python_interpreter: /usr/bin/python3,
+         ansible_ssh_private_key_file: $key, ansible_ssh_common_args: "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null"}
+  hosts:
+    bench-pyc-vm: {ansible_port: $port}
+    bench-pyc-ct: {ansible_port: $((port + 1))}
+INV
+cat > "$work/tasks.yml" <<'PLAY'
+- name: Ten module tasks in a row
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: The connection is open (not timed)
+      ansible.builtin.command: "true"
+      changed_when: false
+    - name: Timed
+      ansible.builtin.command: "true"
+      changed_when: false
+      loop: "{{ range(10) | list }}"
+PLAY
+pth=/usr/local/lib/python3.11/dist-packages/hmk-twin-pyc.pth
+timed() {  # seconds per task for host $1: the timed loop's total from profile_tasks, over its ten items
+  local total
+  total=$(ANSIBLE_PIPELINING=True ANSIBLE_CALLBACKS_ENABLED=ansible.posix.profile_tasks \
+    ansible-playbook -i "$work/hosts.yml" -l "$1" "$work/tasks.yml" | sed -n 's/^Timed -* \([0-9.]*\)s$/\1/p')
+  echo "$total / 10" | bc -l
+}
+printf '%-34s %s\n' measure 'seconds per task'
+for host in bench-pyc-vm bench-pyc-ct; do
+  scripts/twin ssh "$host" "mv $pth /root/hmk-twin-pyc.pth.off"
+  without=$(timed "$host")
+  scripts/twin ssh "$host" "mv /root/hmk-twin-pyc.pth.off $pth && rm -rf /var/cache/hmk-twin-pyc"
+  ANSIBLE_PIPELINING=True ansible -i "$work/hosts.yml" "$host" -m ansible.builtin.command -a true >/dev/null
+  with=$(timed "$host")
+  printf '%-34s %.2f\n' "${host#bench-pyc-}_task_without_cache" "$without" "${host#bench-pyc-}_task_with_cache" "$with"
+  printf '%-34s %.2f\n' "${host#bench-pyc-} ratio without/with" "$(echo "$without / $with" | bc -l)"
+done
+printf 'load average after: %s\n' "$(cut -d' ' -f1-3 /proc/loadavg)"
