@@ -121,12 +121,15 @@ SEL
 
   # GRUB: serial console (the twin's boot log), no menu delay. The kit's roles add their
   # arguments through /etc/default/grub.d/ drop-ins and update-grub.
+  # mitigations=off: under software emulation the twin's CPU model (Nehalem) gets page-table isolation, so every
+  # system call switches page tables and QEMU flushes its software TLB; an Ansible task costs 1.8x as much with it
+  # (benchmarks/twin_mitigations.sh). A twin is a test stand-in: the kit sets nothing about mitigations on a node.
   cat > "$root/etc/default/grub" <<'GRUB'
 GRUB_DEFAULT=0
 GRUB_TIMEOUT=0
 GRUB_DISTRIBUTOR=Debian
 GRUB_CMDLINE_LINUX_DEFAULT=""
-GRUB_CMDLINE_LINUX="console=tty0 console=ttyS0,115200n8"
+GRUB_CMDLINE_LINUX="mitigations=off console=tty0 console=ttyS0,115200n8"
 GRUB_TERMINAL="serial console"
 GRUB_SERIAL_COMMAND="serial --unit=0 --speed=115200"
 GRUB_DISABLE_OS_PROBER=true
@@ -143,7 +146,7 @@ insmod part_msdos
 insmod ext2
 search --no-floppy --fs-uuid --set=root $fs_uuid
 menuentry 'Debian $suite ($kver)' {
-  linux /boot/vmlinuz-$kver root=UUID=$fs_uuid ro console=tty0 console=ttyS0,115200n8
+  linux /boot/vmlinuz-$kver root=UUID=$fs_uuid ro mitigations=off console=tty0 console=ttyS0,115200n8
   initrd /boot/initrd.img-$kver
 }
 CFG
