@@ -7,6 +7,8 @@
 # Usage: benchmarks/twin_mitigations.sh [PORT]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=benchmarks/lib/task_loop.sh
+source benchmarks/lib/task_loop.sh
 [ -x .venv/bin/ansible-playbook ] && export PATH="$PWD/.venv/bin:$PATH"
 port=${1:-2398}
 name=bench-mitig-vm
@@ -14,27 +16,7 @@ work=$(mktemp -d /var/tmp/hmk-bench-mitig.XXXXXX)
 cleanup() { scripts/twin down "$name" >/dev/null 2>&1 || true; rm -rf "$work"; }
 trap cleanup EXIT
 scripts/twin up --kind vm --name "$name" --port "$port" >/dev/null
-key=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["key"])' < <(scripts/twin image 2>/dev/null | tail -n 1))
-cat > "$work/hosts.yml" <<INV
-all:
-  vars: {ansible_host: 127.0.0.1, ansible_port: $port, ansible_user: root, ansible_python_interpreter: /usr/bin/python3,
-         ansible_ssh_private_key_file: $key, ansible_ssh_common_args: "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null"}
-  hosts:
-    $name: {}
-INV
-cat > "$work/tasks.yml" <<'PLAY'
-- name: Ten module tasks in a row
-  hosts: all
-  gather_facts: false
-  tasks:
-    - name: The connection is open (not timed)
-      ansible.builtin.command: "true"
-      changed_when: false
-    - name: Timed
-      ansible.builtin.command: "true"
-      changed_when: false
-      loop: "{{ range(10) | list }}"
-PLAY
+task_loop_files "$work" "$name:$port"
 # The guest's own clock, so the host's load while SSH connects is not counted.
 cat > "$work/guest.sh" <<'GUEST'
 TIMEFORMAT=%R
@@ -43,11 +25,10 @@ for _ in range(100000): os.stat("/")'; } 2>&1
 { time for _ in $(seq 100); do /bin/true; done; } 2>&1
 GUEST
 measure() {  # label: per-task seconds, stat() and fork+exec seconds
-  local total guest
-  total=$(ANSIBLE_PIPELINING=True ANSIBLE_CALLBACKS_ENABLED=ansible.posix.profile_tasks \
-    ansible-playbook -i "$work/hosts.yml" "$work/tasks.yml" | sed -n 's/^Timed -* \([0-9.]*\)s$/\1/p')
+  local task guest
+  task=$(task_loop_seconds "$work" "$name")
   mapfile -t guest < <(scripts/twin ssh "$name" bash -s < "$work/guest.sh")
-  printf '%s %s %s\n' "$(echo "$total / 10" | bc -l)" "${guest[0]}" "${guest[1]}"
+  printf '%s %s %s\n' "$task" "${guest[0]}" "${guest[1]}"
 }
 reboot_with() {  # flip mitigations=off in GRUB's command line, reboot, wait for SSH
   scripts/twin ssh "$name" "$1 && update-grub >/dev/null 2>&1 && systemctl reboot" || true

@@ -5,6 +5,8 @@
 # cache, not timed). Numbers, not gates. Usage: benchmarks/twin_pyc.sh [PORT] (uses PORT and PORT+1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=benchmarks/lib/task_loop.sh
+source benchmarks/lib/task_loop.sh
 [ -x .venv/bin/ansible-playbook ] && export PATH="$PWD/.venv/bin:$PATH"
 export DOCKER_HOST=unix://${HMK_STATE:-/var/tmp/hybrid-moe-kit}/dockerd/docker.sock
 port=${1:-2396}
@@ -19,42 +21,15 @@ trap cleanup EXIT
 if [ "$(scripts/twin dockerd status)" != running ]; then scripts/twin dockerd start >/dev/null; started_dockerd=1; fi
 scripts/twin up --kind vm --name bench-pyc-vm --port "$port" >/dev/null
 scripts/twin up --kind container --name bench-pyc-ct --port $((port + 1)) >/dev/null
-key=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["key"])' < <(scripts/twin image 2>/dev/null | tail -n 1))
-cat > "$work/hosts.yml" <<INV
-all:
-  vars: {ansible_host: 127.0.0.1, ansible_user: root, ansible_python_interpreter: /usr/bin/python3,
-         ansible_ssh_private_key_file: $key, ansible_ssh_common_args: "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null"}
-  hosts:
-    bench-pyc-vm: {ansible_port: $port}
-    bench-pyc-ct: {ansible_port: $((port + 1))}
-INV
-cat > "$work/tasks.yml" <<'PLAY'
-- name: Ten module tasks in a row
-  hosts: all
-  gather_facts: false
-  tasks:
-    - name: The connection is open (not timed)
-      ansible.builtin.command: "true"
-      changed_when: false
-    - name: Timed
-      ansible.builtin.command: "true"
-      changed_when: false
-      loop: "{{ range(10) | list }}"
-PLAY
+task_loop_files "$work" "bench-pyc-vm:$port" "bench-pyc-ct:$((port + 1))"
 pth=/usr/local/lib/python3.11/dist-packages/hmk-twin-pyc.pth
-timed() {  # seconds per task for host $1: the timed loop's total from profile_tasks, over its ten items
-  local total
-  total=$(ANSIBLE_PIPELINING=True ANSIBLE_CALLBACKS_ENABLED=ansible.posix.profile_tasks \
-    ansible-playbook -i "$work/hosts.yml" -l "$1" "$work/tasks.yml" | sed -n 's/^Timed -* \([0-9.]*\)s$/\1/p')
-  echo "$total / 10" | bc -l
-}
 printf '%-34s %s\n' measure 'seconds per task'
 for host in bench-pyc-vm bench-pyc-ct; do
   scripts/twin ssh "$host" "mv $pth /root/hmk-twin-pyc.pth.off"
-  without=$(timed "$host")
+  without=$(task_loop_seconds "$work" "$host")
   scripts/twin ssh "$host" "mv /root/hmk-twin-pyc.pth.off $pth && rm -rf /var/cache/hmk-twin-pyc"
   ANSIBLE_PIPELINING=True ansible -i "$work/hosts.yml" "$host" -m ansible.builtin.command -a true >/dev/null
-  with=$(timed "$host")
+  with=$(task_loop_seconds "$work" "$host")
   printf '%-34s %.2f\n' "${host#bench-pyc-}_task_without_cache" "$without" "${host#bench-pyc-}_task_with_cache" "$with"
   printf '%-34s %.2f\n' "${host#bench-pyc-} ratio without/with" "$(echo "$without / $with" | bc -l)"
 done
