@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # GPU acceptance of hybrid-moe-kit, for any Linux machine with an NVIDIA GPU and a CUDA toolkit, without internet:
-# everything else comes from the bundle `make gpu-bundle` stages (scripts/make-gpu-bundle). About 10 minutes on
-# 16 cores, most of it the engine build. Run from a checkout of the repository, as root or as a user who may
-# read /dev/nvidia*:
+# everything else comes from the bundle `make gpu-bundle` stages (scripts/make-gpu-bundle). The engine build takes
+# most of the time (over 10 minutes untrimmed on 16 cores; tests/gpu/README.md). Run from a checkout of the
+# repository, as root or as a user who may read /dev/nvidia*:
 #
 #   tests/gpu/acceptance.sh [BUNDLE_DIR] [RESULT_DIR]      (defaults: .cache/gpu-bundle, ./gpu-acceptance)
 #
@@ -14,12 +14,17 @@
 #             DeviceAllow=char-nvidia* must admit; plugins/module_utils/hmk_nvidia_devices.py)
 #   toolkit   nvcc exists and the driver is new enough for it (the nvidia_driver role's table)
 #   build     ik_llama.cpp at the kit's pin, CUDA for this GPU's architecture only, the llama_build role's flags
-#             plus the smallest kernel set (no FA kernels for other KV quant pairs); llama-server and llama-bench
+#             plus the smallest kernel set: no FA kernels for other KV quant pairs, and the per-type matrix kernels
+#             (MMQ, MMVQ) of the tiny model's types only, the others built as stubs that abort if called
+#             (acceptance_helper.py trim-kernels); llama-server and llama-bench
 #   serve     the tiny MLA model served with the inference_service role's planned expert placement (all MoE layers
 #             but the last on CUDA0, the last in DRAM), /health 200 and a chat completion with tokens
 #   proof     the health gate's proof on the engine's real log and nvidia-smi (hmk_engine_log.evaluate)
 #   power     validate's GPU power reading: roles/validate/files/hmk-validate-bench around a llama-bench run
 # The result: RESULT_DIR/result.json (one object per step), RESULT_DIR/result.txt, and the logs.
+# Env: HMK_ACCEPTANCE_WORK (the build tree; default RESULT_DIR/work), HMK_ACCEPTANCE_BUILD_SECONDS (stop the build
+# after that long and fail, naming how to resume: for machines lent in calls shorter than the build),
+# HMK_ACCEPTANCE_JOBS (default nproc), HMK_ACCEPTANCE_PORT.
 # Exit status 0 only when every step passes.
 set -uo pipefail
 
@@ -136,14 +141,24 @@ fi
 
 # ------------------------------------------------------------------------------------------------- build
 t=$(date +%s)
-WORK=$OUT/work
-rm -rf "$WORK" && mkdir -p "$WORK/cmake"
-tar -C "$WORK" -xJf "$BUNDLE/ik_llama.cpp.tar.xz"
+# WORK outlives RESULT_DIR when HMK_ACCEPTANCE_WORK names it: a build cut short by HMK_ACCEPTANCE_BUILD_SECONDS is then
+# resumed by running the same command again (configure and the kernel trim are not redone; make carries on).
+WORK=${HMK_ACCEPTANCE_WORK:-$OUT/work}
+BUILD_SECONDS=${HMK_ACCEPTANCE_BUILD_SECONDS:-0}
+STAMP=$(sha256sum "$BUNDLE/SHA256SUMS" | cut -c1-16)
+if [ -f "$WORK/.configured-$STAMP" ]; then
+  resumed="resumed "
+else
+  resumed=""
+  rm -rf "$WORK" && mkdir -p "$WORK/cmake"
+  tar -C "$WORK" -xJf "$BUNDLE/ik_llama.cpp.tar.xz"
+fi
 CMAKE=""
 if command -v cmake >/dev/null 2>&1 && [ "$(printf '%s\n3.28\n' "$(cmake --version | sed -n 's/cmake version \([0-9.]*\).*/\1/p')" | sort -V | head -n 1)" = 3.28 ]; then
   CMAKE=$(command -v cmake)
 else
-  tar -C "$WORK/cmake" -xJf "$BUNDLE/cmake.tar.xz" && CMAKE=$WORK/cmake/bin/cmake
+  [ -x "$WORK/cmake/bin/cmake" ] || tar -C "$WORK/cmake" -xJf "$BUNDLE/cmake.tar.xz"
+  CMAKE=$WORK/cmake/bin/cmake
 fi
 if ! $HELPER cmake-args "$BUNDLE" "$ARCH" "$CUDA_RELEASE" > "$OUT/cmake-args.json" 2>&1; then
   record build FAIL "the llama_build role's flags refuse this GPU/toolkit: $(cat "$OUT/cmake-args.json")"
@@ -151,14 +166,31 @@ if ! $HELPER cmake-args "$BUNDLE" "$ARCH" "$CUDA_RELEASE" > "$OUT/cmake-args.jso
 fi
 mapfile -t CMAKE_ARGS < <(python3 -c 'import json,sys; print("\n".join(json.load(open(sys.argv[1]))["args"]))' "$OUT/cmake-args.json")
 export PATH="$CUDA_HOME/bin:$PATH" CUDACXX="$NVCC"
-if "$CMAKE" -S "$WORK/ik_llama.cpp" -B "$WORK/build" "${CMAKE_ARGS[@]}" -DCMAKE_CUDA_COMPILER="$NVCC" \
-     > "$OUT/configure.log" 2>&1 \
-   && "$CMAKE" --build "$WORK/build" --config Release -j "$JOBS" --target llama-server llama-bench \
-     > "$OUT/build.log" 2>&1 \
-   && "$WORK/build/bin/llama-server" --version > "$OUT/version.txt" 2>&1; then
-  record build PASS "$(tr '\n' ' ' < "$OUT/version.txt" | head -c 200) in $(( $(date +%s) - t ))s with $JOBS jobs, cmake $("$CMAKE" --version | head -n 1 | awk '{print $3}'), ${CMAKE_ARGS[*]}"
+if [ -z "$resumed" ]; then
+  if ! $HELPER trim-kernels "$WORK/ik_llama.cpp" "$BUNDLE" > "$WORK/trim.json" 2>&1; then
+    record build FAIL "the kernel trim failed: $(head -c 800 "$WORK/trim.json")"
+    finish
+  fi
+  if ! "$CMAKE" -S "$WORK/ik_llama.cpp" -B "$WORK/build" "${CMAKE_ARGS[@]}" -DCMAKE_CUDA_COMPILER="$NVCC" \
+       > "$WORK/configure.log" 2>&1; then
+    record build FAIL "configure: $(tail -n 15 "$WORK/configure.log" | tr '\n' ' ' | tail -c 1200)"
+    finish
+  fi
+  touch "$WORK/.configured-$STAMP"
+fi
+cp "$WORK/trim.json" "$WORK/configure.log" "$OUT/" 2>/dev/null
+TRIM=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("%d MMQ/MMVQ instance files for types the model lacks built as aborting stubs, compiled in full: %s" % (d["stubbed"], " ".join(d["compiled"])))' "$WORK/trim.json")
+LIMIT=()
+[ "$BUILD_SECONDS" -gt 0 ] && LIMIT=(timeout "$BUILD_SECONDS")
+"${LIMIT[@]}" "$CMAKE" --build "$WORK/build" --config Release -j "$JOBS" --target llama-server llama-bench > "$OUT/build.log" 2>&1
+rc=$?
+if [ "$rc" = 124 ]; then
+  record build FAIL "${resumed}build not finished in HMK_ACCEPTANCE_BUILD_SECONDS=$BUILD_SECONDS ($(grep -o '^\[ *[0-9]*%\]' "$OUT/build.log" | tail -n 1)): run the same command again to resume it in $WORK"
+  finish
+elif [ "$rc" = 0 ] && "$WORK/build/bin/llama-server" --version > "$OUT/version.txt" 2>&1; then
+  record build PASS "${resumed}$(tr '\n' ' ' < "$OUT/version.txt" | head -c 200) in $(( $(date +%s) - t ))s with $JOBS jobs, cmake $("$CMAKE" --version | head -n 1 | awk '{print $3}'), ${CMAKE_ARGS[*]}; $TRIM"
 else
-  record build FAIL "after $(( $(date +%s) - t ))s: $(tail -n 15 "$OUT/build.log" "$OUT/configure.log" 2>/dev/null | tr '\n' ' ' | tail -c 1200)"
+  record build FAIL "${resumed}after $(( $(date +%s) - t ))s: $(tail -n 15 "$OUT/build.log" | tr '\n' ' ' | tail -c 1200)"
   finish
 fi
 

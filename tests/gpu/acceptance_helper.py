@@ -8,11 +8,13 @@ PyYAML: the role data it needs comes as JSON in the bundle, written by scripts/m
   acceptance_helper.py plan BUNDLE MODEL VRAM_MIB PORT OUT.json   the placement plan and the engine's argv
   acceptance_helper.py proof PLAN.json LOG SMI_GPUS SMI_APPS PID  the health gate's proof on the real log
   acceptance_helper.py power BENCH.json              validate's GPU power reading of a bench run
+  acceptance_helper.py trim-kernels SRC BUNDLE       MMQ/MMVQ kernels for quant types the tiny model lacks -> stubs
 Each prints one JSON object; the exit status is 0 when the step passes.
 """
 import importlib.util
 import json
 import os
+import re
 import sys
 
 KIT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -106,9 +108,83 @@ def power(bench_path):
                 gpu.get("available") and gpu.get("average_watts", 0) > 0 and run.get("rc") == 0)
 
 
+# The engine's matrix kernels are compiled once per quant type, one file each (template-instances/mmq-instance-*.cu,
+# mmvq-instance-*.cu): about half of the CUDA build, and all but the tiny model's own types are never launched
+# here. trim-kernels rewrites each of those other files as a stub that defines the same external function and
+# aborts, naming the type, if it is ever called; every other file (FlashAttention, MLA, the CPU's iqk, the
+# server) is compiled as the role compiles it. This is for the acceptance's build only: llama_build never trims.
+_MMQ_CASE = re.compile(r"^\s*DECL_MMQ_CASE\((GGML_TYPE_\w+)\);", re.M)
+_MMQ_MACRO = re.compile(r"#define\s+DECL_MMQ_CASE\(type\)\s*\\\s*template\s+void\s+(\w+)<type>\(\s*"
+                        r"ggml_backend_cuda_context\s*&\s*ctx,\s*const\s+(\w+)\s*&\s*args,\s*cudaStream_t\s+stream\s*\)")
+_MMVQ_FUNC = re.compile(r"^void\s+(mul_mat_vec_\w+_cuda)\(\s*const\s+mmvq_args\s*&\s*args,\s*cudaStream_t\s+stream\s*\)\s*\{",
+                        re.M)
+_MMVQ_TYPE = re.compile(r"mul_mat_vec_q_cuda<(GGML_TYPE_\w+)")
+_STUB_HEAD = ("// hybrid-moe-kit GPU acceptance (tests/gpu/acceptance_helper.py trim-kernels): the tiny model has no\n"
+              "// %s tensors, so this kernel is left out of the acceptance's build; calling it aborts.\n"
+              '#include "../common.cuh"\n\n')
+
+
+def _trim_one(path, keep):
+    """The stub for one instance file, or None (kept as it is) with the reason."""
+    text = open(path).read()
+    name = os.path.basename(path)
+    if name.startswith("mmq-instance-"):
+        cases = _MMQ_CASE.findall(text)
+        include = re.search(r'#include\s+"\.\./(\w+\.cuh)"', text)
+        if not cases or not include:
+            return None, "no DECL_MMQ_CASE"
+        if keep.intersection(cases):
+            return None, "the model's type"
+        header = os.path.join(os.path.dirname(os.path.dirname(path)), include.group(1))
+        macro = _MMQ_MACRO.search(open(header).read()) if os.path.exists(header) else None
+        if not macro:
+            return None, "no DECL_MMQ_CASE macro in %s" % include.group(1)
+        func, args = macro.groups()
+        stub = _STUB_HEAD % ", ".join(cases) + "struct %s;\n" % args
+        stub += "template <ggml_type type> void %s(ggml_backend_cuda_context & ctx, const %s & args, cudaStream_t stream);\n" % (func, args)
+        for case in cases:
+            stub += ("template <> void %s<%s>(ggml_backend_cuda_context &, const %s &, cudaStream_t) {\n"
+                     '    GGML_ABORT("hybrid-moe-kit GPU acceptance build: no MMQ kernel for %s");\n}\n' % (func, case, args, case))
+        return stub, cases
+    funcs = _MMVQ_FUNC.findall(text)
+    types = set(_MMVQ_TYPE.findall(text))
+    if len(funcs) != 1 or len(types) != 1:
+        return None, "not one mul_mat_vec_*_cuda of one type"
+    qtype = types.pop()
+    if qtype in keep:
+        return None, "the model's type"
+    return (_STUB_HEAD % qtype + "struct mmvq_args;\n"
+            "void %s(const mmvq_args &, cudaStream_t) {\n"
+            '    GGML_ABORT("hybrid-moe-kit GPU acceptance build: no MMVQ kernel for %s");\n}\n'
+            % (funcs[0], qtype)), qtype
+
+
+def trim_kernels(src, bundle):
+    data = json.load(open(os.path.join(bundle, "kit-data.json")))
+    keep = set("GGML_TYPE_" + t.upper() for t in data.get("model_tensor_types", []))
+    instances = os.path.join(src, "ggml", "src", "ggml-cuda", "template-instances")
+    if not keep or not os.path.isdir(instances):
+        return _out({"error": "no model_tensor_types in kit-data.json or no %s" % instances}, False)
+    stubbed, kept = [], {}
+    for name in sorted(os.listdir(instances)):
+        if not (name.startswith("mmq-instance-") or name.startswith("mmvq-instance-")) or not name.endswith(".cu"):
+            continue
+        stub, why = _trim_one(os.path.join(instances, name), keep)
+        if stub is None:
+            kept[name] = why
+            continue
+        with open(os.path.join(instances, name), "w") as handle:
+            handle.write(stub)
+        stubbed.append(name)
+    model_files = sorted(n for n, why in kept.items() if why == "the model's type")
+    return _out({"kept_types": sorted(keep), "stubbed": len(stubbed), "compiled": model_files,
+                 "unrecognised": {n: why for n, why in kept.items() if why != "the model's type"}},
+                bool(stubbed) and bool(model_files))
+
+
 def main(argv):
     commands = {"devices": devices, "toolkit": toolkit, "cmake-args": cmake_args, "plan": plan, "proof": proof,
-                "power": power}
+                "power": power, "trim-kernels": trim_kernels}
     if not argv or argv[0] not in commands:
         sys.stderr.write(__doc__)
         return 2

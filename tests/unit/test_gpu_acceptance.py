@@ -103,3 +103,71 @@ def test_the_proof_step_fails_with_the_reason_on_a_log_without_cuda(tmp_path, ti
                      tmp_path / "gpus.csv", tmp_path / "apps.csv", 4242)
     assert rc == 1 and out["cpu_only"]
     assert any(line.startswith("cuda_devices: found the engine found no CUDA device") for line in out["summary"])
+
+
+def _instance_tree(root):
+    """A source tree with the shapes of ik_llama.cpp's per-type kernel files (one, two or no DECL_MMQ_CASE)."""
+    cuda = root / "ggml" / "src" / "ggml-cuda"
+    (cuda / "template-instances").mkdir(parents=True)
+    (cuda / "mmq.cuh").write_text("#define DECL_MMQ_CASE(type)                                     \\\n"
+                                  "    template void mul_mat_q_case<type>(ggml_backend_cuda_context & ctx, "
+                                  "const mmq_args & args, cudaStream_t stream) \\\n")
+    (cuda / "mmq_id_common.cuh").write_text("#define DECL_MMQ_CASE(type) \\\n    template void mul_mat_q_case_id<type>("
+                                            "ggml_backend_cuda_context & ctx, const mmq_args_id & args, cudaStream_t stream) \\\n")
+    files = {
+        "mmq-instance-q8_0.cu": '#include "../mmq.cuh"\n\nDECL_MMQ_CASE(GGML_TYPE_Q8_0);\n',
+        "mmq-instance-q4_0.cu": '#include "../mmq.cuh"\n\nDECL_MMQ_CASE(GGML_TYPE_Q4_0);\n',
+        "mmq-instance-iq4_nl.cu": '#include "../mmq.cuh"\n\nDECL_MMQ_CASE(GGML_TYPE_IQ4_NL);\nDECL_MMQ_CASE(GGML_TYPE_MXFP4);\n',
+        "mmq-instance-iq2_k_id.cu": '#include "../mmq_id_common.cuh"\nstatic int load() { return 0; }\n'
+                                    'DECL_MMQ_CASE(GGML_TYPE_IQ2_K);\n',
+        "mmvq-instance-q8_0.cu": '#include "../mmvq-templates.cuh"\n\nvoid mul_mat_vec_q8_0_q8_1_cuda(const mmvq_args & args, '
+                                 'cudaStream_t stream) {\n    mul_mat_vec_q_cuda<GGML_TYPE_Q8_0>(args, stream);\n}\n',
+        "mmvq-instance-iq2_k.cu": '#include "../iqk_mmvq_templates.cuh"\n__device__ void vec_dot_iq2_k_q8_1() {}\n'
+                                  'void mul_mat_vec_iq2_k_q8_1_cuda(const mmvq_args & args, cudaStream_t stream) {\n'
+                                  '    iqk_mul_mat_vec_q_cuda<GGML_TYPE_IQ2_K, 4, vec_dot_iq2_k_q8_1>(args, stream);\n}\n',
+        "mmvq-instance-odd.cu": "void a_helper() {}\n",
+        "fattn-vec-f16-instance-hs128-q8_0-q8_0.cu": "// FlashAttention: never trimmed\n",
+    }
+    for name, text in files.items():
+        (cuda / "template-instances" / name).write_text(text)
+    return cuda / "template-instances", files
+
+
+def test_trim_kernels_stubs_the_matrix_kernels_of_types_the_model_lacks_and_keeps_its_own(tmp_path):
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    kit_data(bundle / "kit-data.json")
+    data = json.loads((bundle / "kit-data.json").read_text())
+    data["model_tensor_types"] = ["F32", "Q8_0"]
+    (bundle / "kit-data.json").write_text(json.dumps(data))
+    instances, files = _instance_tree(tmp_path / "src")
+    rc, out = helper("trim-kernels", tmp_path / "src", bundle)
+    assert rc == 0 and out["ok"], out
+    assert out["compiled"] == ["mmq-instance-q8_0.cu", "mmvq-instance-q8_0.cu"]
+    assert out["stubbed"] == 4 and list(out["unrecognised"]) == ["mmvq-instance-odd.cu"]
+    for kept in ("mmq-instance-q8_0.cu", "mmvq-instance-q8_0.cu", "mmvq-instance-odd.cu", "fattn-vec-f16-instance-hs128-q8_0-q8_0.cu"):
+        assert (instances / kept).read_text() == files[kept]
+    # Each stub defines exactly what the file exported (the same template specialisation or function, so the
+    # link finds it) and aborts naming the type; none instantiates a kernel.
+    q4 = (instances / "mmq-instance-q4_0.cu").read_text()
+    assert "template <> void mul_mat_q_case<GGML_TYPE_Q4_0>(ggml_backend_cuda_context &, const mmq_args &, cudaStream_t)" in q4
+    assert 'GGML_ABORT("hybrid-moe-kit GPU acceptance build: no MMQ kernel for GGML_TYPE_Q4_0")' in q4
+    assert "mmq.cuh" not in q4 and "struct mmq_args;" in q4
+    pair = (instances / "mmq-instance-iq4_nl.cu").read_text()
+    assert "mul_mat_q_case<GGML_TYPE_IQ4_NL>" in pair and "mul_mat_q_case<GGML_TYPE_MXFP4>" in pair
+    ident = (instances / "mmq-instance-iq2_k_id.cu").read_text()
+    assert "mul_mat_q_case_id<GGML_TYPE_IQ2_K>(ggml_backend_cuda_context &, const mmq_args_id &, cudaStream_t)" in ident
+    assert "load()" not in ident
+    mmvq = (instances / "mmvq-instance-iq2_k.cu").read_text()
+    assert "void mul_mat_vec_iq2_k_q8_1_cuda(const mmvq_args &, cudaStream_t) {" in mmvq
+    assert "iqk_mmvq_templates" not in mmvq and "no MMVQ kernel for GGML_TYPE_IQ2_K" in mmvq
+
+
+def test_trim_kernels_refuses_a_bundle_without_the_models_types(tmp_path):
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    kit_data(bundle / "kit-data.json")
+    instances, files = _instance_tree(tmp_path / "src")
+    rc, out = helper("trim-kernels", tmp_path / "src", bundle)
+    assert rc == 1 and "model_tensor_types" in out["error"]
+    assert (instances / "mmq-instance-q4_0.cu").read_text() == files["mmq-instance-q4_0.cu"]
