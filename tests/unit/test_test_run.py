@@ -117,3 +117,15 @@ def test_a_failure_ends_its_lane_but_not_the_other_members(tmp_path, monkeypatch
     report = json.loads((tmp_path / "reports" / "timing.json").read_text())
     assert [(p["name"], p["rc"]) for p in report["parts"]] == [("slow1", 0), ("bad", 2)]
     assert (tmp_path / "s1.end").exists() and not (tmp_path / "after.ran").exists()
+
+
+def test_molecule_in_a_group_still_gives_the_scenario_rows_and_clears_stale_results(tmp_path, monkeypatch):
+    _fake_repo(tmp_path, monkeypatch)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "stale.result").write_text("stale pass 5\n")
+    with open(tmp_path / "Makefile", "a") as handle:
+        handle.write("molecule:\n\t@echo 'a pass 42' > logs/a.result; : > logs/a.log\n")
+    assert tr.run(["molecule+slow1,slow2"]) == 0
+    report = json.loads((tmp_path / "reports" / "timing.json").read_text())
+    assert [(r["name"], r["result"], r["seconds"]) for r in report["scenarios"]] == [("a", "pass", 42)]
