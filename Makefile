@@ -160,13 +160,12 @@ bmc-os-install: deps-slow venv
 	molecule test -s bmc_os_install
 
 # Each part timed; reports/timing.json and reports/timing.md say what each cost and which caches it hit.
-# Parts joined by + run at once (scripts/test-run), and none reads what another writes; PART,PART,... is a lane, its
-# parts one after the other. The static parts after unit run in one lane beside Molecule: alone they left a quarter
-# of the two cores idle (waits in the emulated boots, HAProxy and the docs build), which Molecule's two scenarios
-# at a time now take. unit runs first: scripts/lab-fixtures, which it calls, makes the fixtures Molecule mounts.
-# (integration beside lint and unit was tried on 2026-12-03 and cost more than it saved: that group took 385 s
-# against 138 + 249 s before, since integration's emulated boots and HAProxy tests need CPU too.)
-TEST_PARTS := deps venv lint+unit+syntax+image molecule+sanity,integration,collection,docs,ee,cuda-sample
+# Parts joined by + run at once (scripts/test-run): each keeps one of the two cores busy, and none reads what
+# another writes. (integration beside lint and unit was tried on 2026-12-03 and cost more than it saved: that group
+# took 385 s against 138 + 249 s before, since integration's emulated boots and HAProxy tests need CPU too. The
+# static parts after unit in one lane beside Molecule, molecule+sanity,integration,..., were tried on 2026-12-04:
+# 2905 s in all against 2876 s for this order, both on the same machine that evening.)
+TEST_PARTS := deps venv lint+unit+syntax sanity+integration collection+docs ee image cuda-sample molecule
 test:
 	python3 scripts/test-run $(TEST_PARTS)
 
