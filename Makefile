@@ -163,7 +163,7 @@ bmc-os-install: deps-slow venv
 # Parts joined by + run at once (scripts/test-run): each keeps one of the two cores busy, and none reads what
 # another writes. (integration beside lint and unit was tried on 2026-12-03 and cost more than it saved: that group
 # took 385 s against 138 + 249 s before, since integration's emulated boots and HAProxy tests need CPU too. The
-# static parts after unit in one lane beside Molecule, molecule+sanity,integration,..., were tried on 2026-12-04:
+# static parts after unit one after the other beside Molecule (a lane syntax, removed again) were tried on 2026-12-04:
 # 2905 s in all against 2876 s for this order, both on the same machine that evening.)
 TEST_PARTS := deps venv lint+unit+syntax sanity+integration collection+docs ee image cuda-sample molecule
 test:

@@ -97,35 +97,3 @@ def test_cpu_busy_share_is_measured_from_proc_stat_and_shown_per_part():
     table = tr.render(report)
     assert "| `unit` | 50 |  | 97 % |" in table
     assert "| `old` | 10 |  |  |" in table  # a report from before the column still renders
-
-
-def test_a_lane_runs_its_parts_in_turn_beside_the_other_members(tmp_path, monkeypatch, capsys):
-    _fake_repo(tmp_path, monkeypatch)
-    assert tr.run(["slow1+slow2,after"]) == 0
-    s1 = [float((tmp_path / f"s1.{e}").read_text()) for e in ("start", "end")]
-    s2 = [float((tmp_path / f"s2.{e}").read_text()) for e in ("start", "end")]
-    assert s2[0] < s1[1] and s1[0] < s2[1]  # slow2's lane ran beside slow1
-    assert (tmp_path / "after.ran").stat().st_mtime >= s2[1]  # after ran once slow2, before it in the lane, ended
-    report = json.loads((tmp_path / "reports" / "timing.json").read_text())
-    assert [(p["name"], p["rc"]) for p in report["parts"]] == [("slow1", 0), ("slow2", 0), ("after", 0)]
-    assert "output of slow1 (run beside slow2,after)" in capsys.readouterr().out
-
-
-def test_a_failure_ends_its_lane_but_not_the_other_members(tmp_path, monkeypatch):
-    _fake_repo(tmp_path, monkeypatch)
-    assert tr.run(["slow1+bad,after"]) == 2
-    report = json.loads((tmp_path / "reports" / "timing.json").read_text())
-    assert [(p["name"], p["rc"]) for p in report["parts"]] == [("slow1", 0), ("bad", 2)]
-    assert (tmp_path / "s1.end").exists() and not (tmp_path / "after.ran").exists()
-
-
-def test_molecule_in_a_group_still_gives_the_scenario_rows_and_clears_stale_results(tmp_path, monkeypatch):
-    _fake_repo(tmp_path, monkeypatch)
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    (logs / "stale.result").write_text("stale pass 5\n")
-    with open(tmp_path / "Makefile", "a") as handle:
-        handle.write("molecule:\n\t@echo 'a pass 42' > logs/a.result; : > logs/a.log\n")
-    assert tr.run(["molecule+slow1,slow2"]) == 0
-    report = json.loads((tmp_path / "reports" / "timing.json").read_text())
-    assert [(r["name"], r["result"], r["seconds"]) for r in report["scenarios"]] == [("a", "pass", 42)]
