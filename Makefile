@@ -55,13 +55,9 @@ deps-slow: deps
 	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
 	fi
 
-# The venv is rebuilt when requirements.txt changes.
-venv: $(VENV)/.requirements.sha256
-$(VENV)/.requirements.sha256: requirements.txt
-	python3 -m venv $(VENV)
-	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -r requirements.txt
-	sha256sum requirements.txt > $@
+# The venv: built once per requirements.txt (and interpreter) in $(HMK_CACHE)/venv/KEY, linked as $(VENV) (scripts/venv).
+venv:
+	@scripts/venv $(VENV)
 
 image: deps
 	scripts/twin image
