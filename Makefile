@@ -19,6 +19,8 @@ DEB_PACKAGES := qemu-system-x86 qemu-utils debootstrap grub-pc-bin grub2-common 
 # (molecule/bmc_os_install builds its stand-in of the netinst ISO from them), and the tools for that ISO's FAT image.
 DEB_PACKAGES_SLOW := ovmf debian-installer-12-netboot-amd64 grub-efi-amd64-signed mtools dosfstools
 LAB_ARGS ?=
+# pytest-xdist workers for make unit and make integration (0: one process, as before).
+PYTEST_WORKERS ?= 2
 LAB_KIND ?= container
 
 .PHONY: help deps deps-slow bmc-os-install venv image lab lab-down lint syntax unit pins sanity integration collection docs ee cuda-sample molecule kt-native test test-quick test-slow bench fleet-bench clean \
@@ -89,7 +91,7 @@ syntax: venv
 # architecture-list tests read the engine's own sources from it, and fail rather than skip without it.
 unit: deps venv
 	scripts/lab-fixtures >/dev/null
-	python -m pytest -q tests/unit
+	python -m pytest -q -n $(PYTEST_WORKERS) --durations=15 tests/unit
 
 # An engine pin bump, checked before the pin moves (docs/docsite/rst/test_bed.rst, "Bumping an engine pin"): the engine's parser and
 # build options at FROM and TO against llama_build_engine_flags; fails naming each rendered flag that changed.
@@ -105,9 +107,10 @@ pins: venv
 sanity: deps venv
 	scripts/sanity
 
-# The bed's own fault paths, with the real tools.
+# The bed's own fault paths, with the real tools. --dist loadfile: a module's tests share their fixtures (a HAProxy
+# fleet, a Redfish emulator, the twin's fixed fault ports) and stay on one worker.
 integration: deps venv
-	python -m pytest -q tests/integration
+	python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=15 tests/integration
 
 molecule: deps venv image
 	scripts/run-molecule
