@@ -146,3 +146,29 @@ def test_a_vm_twin_refuses_volumes_before_it_starts(tmp_path, monkeypatch):
     assert twin.main(["up", "--name", "voltest", "--kind", "vm", "--port", "2999",
                       "--volume", f"{tmp_path}:/srv/x"]) == 2
     assert started == []
+
+
+def test_a_vm_twin_that_goes_down_leaves_its_console_and_qemu_logs_where_hmk_twin_logs_says(tmp_path, monkeypatch):
+    monkeypatch.setattr(twin, "STATE", tmp_path / "state")
+    d = twin.twin_dir("site-reboot")
+    d.mkdir(parents=True)
+    (d / "serial.log").write_text("[  912.1] reboot: Restarting system\n")
+    (d / "qemu.log").write_text("qemu-system-x86_64: terminating on signal 15\n")
+    (d / "meta.json").write_text("{}")
+    logs = tmp_path / "reports" / "twins"
+    monkeypatch.setenv("HMK_TWIN_LOGS", str(logs))
+    twin.down({"name": "site-reboot", "kind": "vm"})  # no pid: nothing to stop
+    assert not d.exists()
+    assert (logs / "site-reboot.serial.log").read_text() == "[  912.1] reboot: Restarting system\n"
+    assert (logs / "site-reboot.qemu.log").read_text().startswith("qemu-system-x86_64: terminating")
+
+
+def test_without_hmk_twin_logs_a_vm_twin_that_goes_down_keeps_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(twin, "STATE", tmp_path / "state")
+    d = twin.twin_dir("t")
+    d.mkdir(parents=True)
+    (d / "serial.log").write_text("x")
+    monkeypatch.delenv("HMK_TWIN_LOGS", raising=False)
+    twin.down({"name": "t", "kind": "vm"})
+    assert not d.exists()
+    assert [p for p in tmp_path.rglob("*.serial.log")] == []
