@@ -171,4 +171,4 @@ def test_without_hmk_twin_logs_a_vm_twin_that_goes_down_keeps_nothing(tmp_path, 
     monkeypatch.delenv("HMK_TWIN_LOGS", raising=False)
     twin.down({"name": "t", "kind": "vm"})
     assert not d.exists()
-    assert [p for p in tmp_path.rglob("*.serial.log")] == []
+    assert not list(tmp_path.rglob("*.serial.log"))
