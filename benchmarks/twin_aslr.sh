@@ -13,30 +13,16 @@ source benchmarks/lib/task_loop.sh
 [ -x .venv/bin/ansible-playbook ] && export PATH="$PWD/.venv/bin:$PATH"
 port=${1:-2397}
 name=bench-aslr-vm
-work=$(mktemp -d /var/tmp/hmk-bench-aslr.XXXXXX)
-cleanup() { scripts/twin down "$name" >/dev/null 2>&1 || true; rm -rf "$work"; }
-trap cleanup EXIT
-scripts/twin up --kind vm --name "$name" --port "$port" >/dev/null
-sock=${HMK_STATE:-/var/tmp/hybrid-moe-kit}/twins/$name/qmp.sock
-task_loop_files "$work" "$name:$port"
-flushes() {  # QEMU's count of whole translation-cache flushes since it started
-  python3 - "$sock" <<'PY'
-import json, re, socket, sys
-s = socket.socket(socket.AF_UNIX)
-s.connect(sys.argv[1])
-f = s.makefile("rw")
-f.readline()
-def cmd(execute, **arguments):
-    f.write(json.dumps({"execute": execute, **({"arguments": arguments} if arguments else {})}) + "\n")
-    f.flush()
-    while True:
-        reply = json.loads(f.readline())
-        if "return" in reply or "error" in reply:
-            return reply
-cmd("qmp_capabilities")
-jit = cmd("human-monitor-command", **{"command-line": "info jit"}).get("return", "")
-m = re.search(r"TB flush count\s+(\d+)", jit)
-print(m.group(1) if m else "nan")
+task_loop_vm "$name" "$port"
+flushes() {  # QEMU's count of whole translation-cache flushes since it started (scripts/twin's own QMP reader)
+  python3 - "$name" <<'PY'
+import importlib.machinery, importlib.util, sys
+loader = importlib.machinery.SourceFileLoader("twin", "scripts/twin")
+twin = importlib.util.module_from_spec(importlib.util.spec_from_loader("twin", loader))
+loader.exec_module(twin)
+info = twin.qmp(twin.twin_dir(sys.argv[1]) / "qmp.sock",
+                {"execute": "human-monitor-command", "arguments": {"command-line": "info jit"}})
+print(twin.jit_counts(info[0]).get("tb_flushes", "nan"))
 PY
 }
 # The guest's own clock, so the host's load while SSH connects is not counted.

@@ -12,11 +12,7 @@ source benchmarks/lib/task_loop.sh
 [ -x .venv/bin/ansible-playbook ] && export PATH="$PWD/.venv/bin:$PATH"
 port=${1:-2398}
 name=bench-mitig-vm
-work=$(mktemp -d /var/tmp/hmk-bench-mitig.XXXXXX)
-cleanup() { scripts/twin down "$name" >/dev/null 2>&1 || true; rm -rf "$work"; }
-trap cleanup EXIT
-scripts/twin up --kind vm --name "$name" --port "$port" >/dev/null
-task_loop_files "$work" "$name:$port"
+task_loop_vm "$name" "$port"
 # The guest's own clock, so the host's load while SSH connects is not counted.
 cat > "$work/guest.sh" <<'GUEST'
 TIMEFORMAT=%R

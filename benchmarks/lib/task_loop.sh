@@ -38,3 +38,14 @@ task_loop_seconds() {
     ansible-playbook -i "$1/hosts.yml" -l "$2" "$1/tasks.yml" | sed -n 's/^Timed -* \([0-9.]*\)s$/\1/p')
   echo "$total / 10" | bc -l
 }
+
+# task_loop_vm NAME PORT: one VM twin NAME on PORT, up, with WORK (a scratch directory holding hosts.yml and
+# tasks.yml) set for the caller; both are removed when the caller's shell exits.
+task_loop_vm() {
+  local name=$1 port=$2
+  work=$(mktemp -d "/var/tmp/hmk-$name.XXXXXX")
+  # shellcheck disable=SC2064  # expanded now: the twin's name and the directory of this run
+  trap "scripts/twin down '$name' >/dev/null 2>&1 || true; rm -rf '$work'" EXIT
+  scripts/twin up --kind vm --name "$name" --port "$port" >/dev/null
+  task_loop_files "$work" "$name:$port"
+}
