@@ -117,7 +117,7 @@ def test_tcg_runs_vcpus_round_robin_on_one_host_thread_whatever_the_host_cores()
     # A thread per vCPU let a guest's stop_machine starve on shared cores (accelerator's docstring).
     for cpus, host_cpus in ((1, 2), (2, 2), (2, 16), (8, 2)):
         accel, cpu, note = twin.accelerator(cpus, False, host_cpus)
-        assert accel == ["-accel", "tcg,thread=single,tb-size=128"] and cpu == "Nehalem"
+        assert accel == ["-accel", "tcg,thread=single,tb-size=512"] and cpu == "Nehalem"
         assert ("round-robin" in note) == (cpus > 1)
     assert "8 vCPUs run round-robin on one host thread (2 host cores)" in twin.accelerator(8, False, 2)[2]
     assert twin.accelerator(8, True, 2)[:2] == (["-accel", "kvm"], "host")
