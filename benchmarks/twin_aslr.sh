@@ -13,7 +13,7 @@ source benchmarks/lib/task_loop.sh
 [ -x .venv/bin/ansible-playbook ] && export PATH="$PWD/.venv/bin:$PATH"
 port=${1:-2397}
 name=bench-aslr-vm
-task_loop_vm "$name" "$port"
+task_loop_twins "$name" "vm:$name:$port"
 flushes() {  # QEMU's count of whole translation-cache flushes since it started (scripts/twin's own QMP reader)
   python3 - "$name" <<'PY'
 import importlib.machinery, importlib.util, sys

@@ -13,19 +13,10 @@ source benchmarks/lib/task_loop.sh
 export DOCKER_HOST=unix://${HMK_STATE:-/var/tmp/hybrid-moe-kit}/dockerd/docker.sock
 port=${1:-2399}
 name=bench-conn
-work=$(mktemp -d /var/tmp/hmk-bench-conn.XXXXXX)
-started_dockerd=0
-cleanup() {
-  scripts/twin down "$name" >/dev/null 2>&1 || true
-  if [ "$started_dockerd" = 1 ]; then scripts/twin dockerd stop >/dev/null 2>&1 || true; fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
-if [ "$(scripts/twin dockerd status)" != running ]; then scripts/twin dockerd start >/dev/null; started_dockerd=1; fi
-scripts/twin up --kind container --name "$name" --port "$port" >/dev/null
-mkdir "$work/ssh" "$work/docker"
-task_loop_files "$work/ssh" "$name:$port"
-cp "$work/ssh/tasks.yml" "$work/docker/tasks.yml"
+task_loop_twins conn "container:$name:$port"
+# WORK's hosts.yml reaches the twin over SSH; WORK/docker's through docker exec, with the same play.
+mkdir "$work/docker"
+cp "$work/tasks.yml" "$work/docker/tasks.yml"
 cat > "$work/docker/hosts.yml" <<EOF
 all:
   hosts:
@@ -34,11 +25,11 @@ all:
 EOF
 
 busy_jiffies() { awk '/^cpu /{print $2 + $3 + $4 + $7 + $8 + $9}' /proc/stat; }
-declare -A seconds=() cpu=()
+declare -A seconds=() cpu=() dir=([ssh]=$work [docker]=$work/docker)
 for round in 1 2; do
   for way in ssh docker; do
     before=$(busy_jiffies)
-    per_task=$(task_loop_seconds "$work/$way" "$name")
+    per_task=$(task_loop_seconds "${dir[$way]}" "$name")
     after=$(busy_jiffies)
     seconds[$way]="${seconds[$way]:-} $per_task"
     cpu[$way]="${cpu[$way]:-} $(echo "($after - $before) / $(getconf CLK_TCK)" | bc -l)"

@@ -12,7 +12,7 @@ source benchmarks/lib/task_loop.sh
 [ -x .venv/bin/ansible-playbook ] && export PATH="$PWD/.venv/bin:$PATH"
 port=${1:-2398}
 name=bench-mitig-vm
-task_loop_vm "$name" "$port"
+task_loop_twins "$name" "vm:$name:$port"
 # The guest's own clock, so the host's load while SSH connects is not counted.
 cat > "$work/guest.sh" <<'GUEST'
 TIMEFORMAT=%R

@@ -10,18 +10,7 @@ source benchmarks/lib/task_loop.sh
 [ -x .venv/bin/ansible-playbook ] && export PATH="$PWD/.venv/bin:$PATH"
 export DOCKER_HOST=unix://${HMK_STATE:-/var/tmp/hybrid-moe-kit}/dockerd/docker.sock
 port=${1:-2396}
-work=$(mktemp -d /var/tmp/hmk-bench-pyc.XXXXXX)
-started_dockerd=0
-cleanup() {
-  scripts/twin down bench-pyc-vm bench-pyc-ct >/dev/null 2>&1 || true
-  if [ "$started_dockerd" = 1 ]; then scripts/twin dockerd stop >/dev/null 2>&1 || true; fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
-if [ "$(scripts/twin dockerd status)" != running ]; then scripts/twin dockerd start >/dev/null; started_dockerd=1; fi
-scripts/twin up --kind vm --name bench-pyc-vm --port "$port" >/dev/null
-scripts/twin up --kind container --name bench-pyc-ct --port $((port + 1)) >/dev/null
-task_loop_files "$work" "bench-pyc-vm:$port" "bench-pyc-ct:$((port + 1))"
+task_loop_twins pyc "vm:bench-pyc-vm:$port" "container:bench-pyc-ct:$((port + 1))"
 pth=/usr/local/lib/python3.11/dist-packages/hmk-twin-pyc.pth
 printf '%-34s %s\n' measure 'seconds per task'
 for host in bench-pyc-vm bench-pyc-ct; do

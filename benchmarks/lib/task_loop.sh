@@ -1,6 +1,7 @@
 # shellcheck shell=bash
-# Sourced by the benchmarks that time Ansible tasks on twins (twin_pyc.sh, twin_mitigations.sh): an inventory of
-# twins on 127.0.0.1, a play of ten `command` tasks after one untimed task, and the seconds per task it measures.
+# Sourced by the benchmarks that time Ansible tasks on twins (twin_pyc.sh, twin_mitigations.sh, twin_aslr.sh,
+# twin_connection.sh): the twins up, an inventory of them on 127.0.0.1, a play of ten `command` tasks after one
+# untimed task, and the seconds per task it measures.
 # Not run on its own.
 
 # task_loop_files DIR NAME:PORT...: DIR/hosts.yml (the twins, reached with the bed's key) and DIR/tasks.yml.
@@ -39,13 +40,32 @@ task_loop_seconds() {
   echo "$total / 10" | bc -l
 }
 
-# task_loop_vm NAME PORT: one VM twin NAME on PORT, up, with WORK (a scratch directory holding hosts.yml and
-# tasks.yml) set for the caller; both are removed when the caller's shell exits.
-task_loop_vm() {
-  local name=$1 port=$2
-  work=$(mktemp -d "/var/tmp/hmk-$name.XXXXXX")
-  # shellcheck disable=SC2064  # expanded now: the twin's name and the directory of this run
-  trap "scripts/twin down '$name' >/dev/null 2>&1 || true; rm -rf '$work'" EXIT
-  scripts/twin up --kind vm --name "$name" --port "$port" >/dev/null
-  task_loop_files "$work" "$name:$port"
+# task_loop_twins LABEL KIND:NAME:PORT...: each twin up (KIND vm or container; the private dockerd started first
+# when a container twin needs it and it is not running), with WORK (a scratch directory holding hosts.yml and
+# tasks.yml for them all) set for the caller. When the caller's shell exits the twins are taken down, a dockerd
+# started here is stopped again and WORK is removed (task_loop_cleanup).
+task_loop_twins() {
+  local label=$1 spec kind name port inventory=()
+  shift
+  work=$(mktemp -d "/var/tmp/hmk-bench-$label.XXXXXX")
+  task_loop_names=()
+  task_loop_started_dockerd=0
+  trap task_loop_cleanup EXIT
+  for spec; do
+    IFS=: read -r kind name port <<<"$spec"
+    if [ "$kind" = container ] && [ "$(scripts/twin dockerd status)" != running ]; then
+      scripts/twin dockerd start >/dev/null
+      task_loop_started_dockerd=1
+    fi
+    task_loop_names+=("$name")
+    scripts/twin up --kind "$kind" --name "$name" --port "$port" >/dev/null
+    inventory+=("$name:$port")
+  done
+  task_loop_files "$work" "${inventory[@]}"
+}
+
+task_loop_cleanup() {
+  if [ "${#task_loop_names[@]}" -gt 0 ]; then scripts/twin down "${task_loop_names[@]}" >/dev/null 2>&1 || true; fi
+  if [ "$task_loop_started_dockerd" = 1 ]; then scripts/twin dockerd stop >/dev/null 2>&1 || true; fi
+  rm -rf "$work"
 }
