@@ -9,8 +9,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=benchmarks/lib/task_loop.sh
 source benchmarks/lib/task_loop.sh
-[ -x .venv/bin/ansible-playbook ] && export PATH="$PWD/.venv/bin:$PATH"
-export DOCKER_HOST=unix://${HMK_STATE:-/var/tmp/hybrid-moe-kit}/dockerd/docker.sock
 port=${1:-2399}
 name=bench-conn
 task_loop_twins conn "container:$name:$port"

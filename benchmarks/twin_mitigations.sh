@@ -9,7 +9,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=benchmarks/lib/task_loop.sh
 source benchmarks/lib/task_loop.sh
-[ -x .venv/bin/ansible-playbook ] && export PATH="$PWD/.venv/bin:$PATH"
 port=${1:-2398}
 name=bench-mitig-vm
 task_loop_twins "$name" "vm:$name:$port"

@@ -7,8 +7,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=benchmarks/lib/task_loop.sh
 source benchmarks/lib/task_loop.sh
-[ -x .venv/bin/ansible-playbook ] && export PATH="$PWD/.venv/bin:$PATH"
-export DOCKER_HOST=unix://${HMK_STATE:-/var/tmp/hybrid-moe-kit}/dockerd/docker.sock
 port=${1:-2396}
 task_loop_twins pyc "vm:bench-pyc-vm:$port" "container:bench-pyc-ct:$((port + 1))"
 pth=/usr/local/lib/python3.11/dist-packages/hmk-twin-pyc.pth

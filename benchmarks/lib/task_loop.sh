@@ -2,7 +2,11 @@
 # Sourced by the benchmarks that time Ansible tasks on twins (twin_pyc.sh, twin_mitigations.sh, twin_aslr.sh,
 # twin_connection.sh): the twins up, an inventory of them on 127.0.0.1, a play of ten `command` tasks after one
 # untimed task, and the seconds per task it measures.
-# Not run on its own.
+# Not run on its own; the caller has cd'd to the repository's root.
+
+# The venv's Ansible when there is one, and the kit's private dockerd.
+if [ -x .venv/bin/ansible-playbook ]; then export PATH="$PWD/.venv/bin:$PATH"; fi
+export DOCKER_HOST=unix://${HMK_STATE:-/var/tmp/hybrid-moe-kit}/dockerd/docker.sock
 
 # task_loop_files DIR NAME:PORT...: DIR/hosts.yml (the twins, reached with the bed's key) and DIR/tasks.yml.
 task_loop_files() {
