@@ -9,12 +9,13 @@ export DOCKER_HOST := unix://$(HMK_STATE)/dockerd/docker.sock
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 # xorriso: the bmc role rebuilds the installer ISO with it (tests/integration/test_bmc_remaster.py runs it).
 # libvirt for molecule/bmc_libvirt (sushy-tools' emulator in front of a QEMU domain): the daemon and its QEMU driver,
-# virsh, and libvirt-dev + pkg-config + gcc to build the libvirt-python binding into the venv (requirements.txt).
+# virsh, and libvirt-dev + pkg-config + gcc + python3-dev (the headers of the venv's interpreter, Debian's python3:
+# scripts/venv) to build the libvirt-python binding into the venv (requirements.txt).
 # Not libvirt-daemon-system (units that start at install) nor -config-network (the `default` network and virbr0):
 # the scenario runs its own session daemon and stops it.
 DEB_PACKAGES := qemu-system-x86 qemu-utils debootstrap grub-pc-bin grub2-common e2fsprogs fdisk \
 	openssh-client docker.io python3-venv git rsync curl haproxy shellcheck xorriso \
-	libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libvirt-dev pkg-config gcc
+	libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libvirt-dev pkg-config gcc python3-dev
 # What only `make test-slow` needs: the UEFI firmware for QEMU, Debian's netboot installer and GRUB's signed CD image
 # (molecule/bmc_os_install builds its stand-in of the netinst ISO from them), and the tools for that ISO's FAT image.
 DEB_PACKAGES_SLOW := ovmf debian-installer-12-netboot-amd64 grub-efi-amd64-signed mtools dosfstools
