@@ -165,7 +165,10 @@ bmc-os-install: deps-slow venv
 # took 385 s against 138 + 249 s before, since integration's emulated boots and HAProxy tests need CPU too. The
 # static parts after unit one after the other beside Molecule (a lane syntax, removed again) were tried on 2026-12-04:
 # 2905 s in all against 2876 s for this order, both on the same machine that evening.)
-TEST_PARTS := deps venv lint+unit+syntax sanity+integration collection+docs ee image cuda-sample molecule
+# image beside lint and unit: a hit costs nothing, and a cold build (debootstrap from the archive, 78-241 s) waits on
+# the network more than it computes, so it takes the CPU the CPU-bound parts leave; integration, after it, finds the
+# image built. cuda-sample beside collection and docs: 13-29 s, half of it waiting. ee reads collection's tarball.
+TEST_PARTS := deps venv lint+unit+syntax+image sanity+integration collection+docs+cuda-sample ee molecule
 test:
 	python3 scripts/test-run $(TEST_PARTS)
 
