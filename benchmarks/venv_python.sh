@@ -3,8 +3,9 @@
 # work (a local play of 60 set_fact tasks that template a list and 20 `command` tasks, the kind of work that fills
 # ansible-playbook's side of every scenario) and the same pytest module of the kit's unit tests, each run by
 # Debian's /usr/bin/python3 (what scripts/venv builds the venv with) and by the first python3 on PATH that is not it
-# (this machine kind's pyenv build), three times each, alternating. Both import the venv's site-packages (the same
-# minor version, the same wheels), so only the interpreter differs. CPU seconds (user + system) are what count on
+# (this machine kind's pyenv build), three times each, alternating. Both run with -S (neither loads its own
+# site-packages, where the pyenv build has a pytest and plugins of its own) and import the venv's site-packages
+# through PYTHONPATH (the same minor version, the same wheels), so only the interpreter differs. CPU seconds (user + system) are what count on
 # 2 shared cores; wall seconds are printed beside them. Numbers, not gates. Usage: benchmarks/venv_python.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -51,8 +52,8 @@ cpu() {  # interpreter, what: "user+system wall" of one run
   local -a cmd
   case $what in
     play) cmd=(env PYTHONPATH="$site" ANSIBLE_PYTHON_INTERPRETER="$py" ANSIBLE_CONFIG="$work/ansible.cfg"
-               "$py" .venv/bin/ansible-playbook -i "localhost," "$work/play.yml") ;;
-    unit) cmd=(env PYTHONPATH="$site" "$py" -m pytest -q -p no:cacheprovider tests/unit/test_engine_build.py) ;;
+               "$py" -S .venv/bin/ansible-playbook -i "localhost," "$work/play.yml") ;;
+    unit) cmd=(env PYTHONPATH="$site" "$py" -S -m pytest -q -p no:cacheprovider tests/unit/test_engine_build.py) ;;
   esac
   /usr/bin/time -o "$work/time" -f '%U %S %e' "${cmd[@]}" >/dev/null 2>"$work/err" || { cat "$work/err" >&2; exit 1; }
   awk '{printf "%.2f %.2f\n", $1 + $2, $3}' "$work/time"
