@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Prints what the venv's interpreter costs the controller side of the bed, measured in this run: the same Ansible
-# work (a local play of 60 set_fact tasks that template a list and 20 `command` tasks, the kind of work that fills
-# ansible-playbook's side of every scenario) and the same pytest module of the kit's unit tests, each run by
-# Debian's /usr/bin/python3 (what scripts/venv builds the venv with) and by the first python3 on PATH that is not it
-# (this machine kind's pyenv build), three times each, alternating. Both run with -S (neither loads its own
-# site-packages, where the pyenv build has a pytest and plugins of its own) and import the venv's site-packages
-# through PYTHONPATH (the same minor version, the same wheels), so only the interpreter differs. CPU seconds (user + system) are what count on
-# 2 shared cores; wall seconds are printed beside them. Numbers, not gates. Usage: benchmarks/venv_python.sh
+# Prints what the venv's interpreter costs the controller side of the bed, measured in this run: the same Ansible work
+# (a local play of 60 set_fact tasks that template a list and 20 `command` tasks, the kind of work that fills
+# ansible-playbook's side of every scenario) and the same pytest module of the kit's unit tests, each run by Debian's
+# /usr/bin/python3 (what scripts/venv builds the venv with) and by the first python3 on PATH that is not it (this
+# machine kind's pyenv build), three times each, alternating. Both run with -S (neither loads its own site-packages,
+# where the pyenv build has a pytest and plugins of its own) and import the venv's site-packages through PYTHONPATH
+# (the same minor version, the same wheels), so only the interpreter differs. CPU seconds (user + system) are what
+# count on 2 shared cores; wall seconds are printed beside them. Numbers, not gates. Usage: benchmarks/venv_python.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/venv .venv >/dev/null

@@ -1,11 +1,15 @@
 """What the inference service promises on the container twin, checked the way an operator would."""
-import importlib.util
 import json
 import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
+
+# The kit's GGUF reader, imported as the roles import it (.collections links the repository as hmk.moe_kit).
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / ".collections"))
+from ansible_collections.hmk.moe_kit.plugins.module_utils import hmk_gguf  # noqa: E402
 
 UNIT = "hmk-inference.service"
 PORT = 18481
@@ -30,7 +34,6 @@ except urllib.error.HTTPError as e:
 CHAT = json.dumps({"messages": [{"role": "user", "content": "hello"}], "max_tokens": 8})
 # The copy of the served model that prepare.yml generated on the control machine (the node's is byte for byte this).
 TINY_MODEL = Path(os.environ.get("MOLECULE_EPHEMERAL_DIRECTORY", "")) / "tiny-deepseek2" / "tiny-deepseek2.gguf"
-PROJECT = Path(__file__).resolve().parents[3]
 
 
 def silent_token_bias():
@@ -43,10 +46,7 @@ def silent_token_bias():
     all 8 tokens. Forbidding them (the token types come from the model file, read by the kit's own GGUF reader) makes
     an empty answer mean that the text path is broken.
     """
-    spec = importlib.util.spec_from_file_location("hmk_gguf", PROJECT / "plugins" / "module_utils" / "hmk_gguf.py")
-    gguf = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gguf)
-    types = gguf.read_gguf(str(TINY_MODEL), array_limit=None)["metadata"]["tokenizer.ggml.token_type"]
+    types = hmk_gguf.read_gguf(str(TINY_MODEL), array_limit=None)["metadata"]["tokenizer.ggml.token_type"]
     # GGUF token types: 1 NORMAL and 6 BYTE print their text; 2 UNKNOWN, 3 CONTROL and 5 UNUSED print nothing.
     bias = {str(token): False for token, kind in enumerate(types) if kind not in (1, 6)}
     assert 0 < len(bias) < len(types), bias
